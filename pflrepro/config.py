@@ -96,6 +96,13 @@ RUN_SCHEMA: dict[str, Param] = {
     "checkpoint_every": Param(int, 5, "checkpoint every N rounds", low=1),
     "seed": Param(int, 0, "seed for partition, init, sampling and data order", low=0),
     "device": Param(str, "cpu", "'cpu', 'cuda' or 'auto'", choices=("cpu", "cuda", "auto")),
+    "engine": Param(str, "auto", "local training: 'batched' trains the selected clients together (pflrepro.batched; "
+                    "algorithms whose client step is a Plan), 'per_client' one after another (the reference), "
+                    "'auto' batched wherever it applies", choices=("auto", "batched", "per_client")),
+    "memory_budget_mb": Param(float, 4096.0, "batched engine: memory for one chunk of clients trained together "
+                              "(estimated: stacked weights, gradients, momentum, activations); clients are chunked "
+                              "to fit, and a run where one client cannot fit stops before round 1 ('auto': falls "
+                              "back to per-client)", low=0.0, low_open=True),
 }
 
 
@@ -126,6 +133,8 @@ class RunConfig:
     checkpoint_every: int = 5
     seed: int = 0
     device: str = "cpu"
+    engine: str = "auto"
+    memory_budget_mb: float = 4096.0
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
@@ -149,6 +158,14 @@ class RunConfig:
         pp = top["partition_params"]
         if "low" in pp and pp["low"] > pp["high"]:
             raise ConfigError(f"partition_params.low={pp['low']!r}: must be <= high={pp['high']!r}")
+        if top["models"] and top["model"] not in top["models"]:
+            raise ConfigError(f"model={top['model']!r} must be one of models={list(top['models'])!r}: the server's "
+                              "initial state (shared head, global means) is built with `model`")
+        if len(set(top["models"])) > 1 and not algorithms.ALGORITHMS[top["algorithm"]].heterogeneous:
+            raise ConfigError(f"algorithm={top['algorithm']!r} averages whole models: it cannot run with heterogeneous "
+                              f"models={list(top['models'])!r} (an algorithm class declares `heterogeneous = True` when it can); "
+                              "algorithms that can: " + ", ".join(
+                                  sorted(a for a, c in algorithms.ALGORITHMS.items() if c.heterogeneous)))
         if top["split"] == "global_test_by_proportion" and top["pool"] != "train":
             raise ConfigError("split='global_test_by_proportion' samples local tests from the global test set: "
                               "it needs pool='train'")

@@ -14,6 +14,7 @@ reads back:
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -32,8 +33,86 @@ class Divergence(RuntimeError):
     """Training produced a NaN/inf loss."""
 
 
-def ce_loss(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+# ---------------------------------------------------------------- loss terms
+def batchable(fn):
+    """Mark `fn` as a *batchable* loss term, `fn(m, x, y, aux) -> Tensor`:
+    - `m` is a `ModelView`: `m(x)` runs the model being trained, `m.params` are its current
+      parameters by name (for proximal terms), `m.run(state, x, train=...)` runs the same
+      architecture with another state (a teacher);
+    - `aux` is a dict of this client's tensors (the `Plan`'s `aux`, plus the batch's rows of its
+      `per_sample` tensors).
+    It must reach per-client tensors only through `aux` (never through Python objects it closes
+    over), so that the batched engine (`pflrepro.batched`) can run it for many clients at once
+    under `torch.func.vmap`; closing over plain numbers (lambda, tau) is fine. Unmarked loss
+    terms keep the older form `loss(net, x, y[, extra_b])` and train client by client."""
+    fn.batchable = True
+    return fn
+
+
+def is_batchable(fn) -> bool:
+    return bool(getattr(fn, "batchable", False))
+
+
+@batchable
+def ce_loss(net, x: torch.Tensor, y: torch.Tensor, aux: dict | None = None) -> torch.Tensor:
+    """Cross-entropy: both a plain loss term (`ce_loss(net, x, y)`) and a batchable one."""
     return F.cross_entropy(net(x), y)
+
+
+class ModelView:
+    """The model as a batchable loss term sees it.
+
+    Per client (`params=None`): a thin wrapper over the module being trained, so `m(x)` is
+    exactly `net(x)`. Batched: `params`/`buffers` are one client's tensors inside `vmap`, and
+    `m(x)` is `functional_call(module, (params, buffers), x)`."""
+
+    def __init__(self, module: nn.Module, params: dict | None = None, buffers: dict | None = None):
+        self.module = module
+        self._params = params
+        self._buffers = buffers
+
+    @property
+    def params(self) -> dict:
+        """Current parameters by name, in `named_parameters()` order (trainable and frozen)."""
+        if self._params is None:
+            self._params = dict(self.module.named_parameters())
+        return self._params
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._buffers is None:       # per client: the module itself
+            return self.module(x)
+        return torch.func.functional_call(self.module, (self._params, self._buffers), (x,))
+
+    def run(self, state: dict, x: torch.Tensor, *, train: bool = False) -> torch.Tensor:
+        """Forward of the same architecture with `state` (parameters and buffers, e.g. a teacher's),
+        in train mode (dropout active, BN on batch statistics) or eval mode. `state` is never
+        modified (BN running statistics, updated in train mode, go to copies)."""
+        mod = self.module
+        was = [m.training for m in mod.modules()]
+        mod.train(train)
+        try:
+            names = {n for n, _ in mod.named_buffers()}
+            st = {n: (t.clone() if (train and n in names) else t) for n, t in state.items()}
+            return torch.func.functional_call(mod, st, (x,))
+        finally:
+            for m, w in zip(mod.modules(), was):
+                m.training = w
+
+
+@dataclass
+class Plan:
+    """What one client's local training is, as data: the batched engine trains many clients'
+    plans at once, the per-client path one (`Context.train_plan`). Built by `Algorithm.plan`."""
+    start: dict                                     # state the client starts from (not modified)
+    loss: Callable = ce_loss                        # batchable term (or an older-form loss: per client)
+    trainable: Callable[[str], bool] | None = None  # None: all parameters
+    aux: dict = field(default_factory=dict)         # this client's tensors the term needs (nested dicts ok)
+    per_sample: dict = field(default_factory=dict)  # tensors with one row per training sample (e.g. stored
+    #                                                 teacher logits): the batch's rows are merged into aux
+    epochs: int | None = None                       # None: cfg.local_epochs
+    lr: float | None = None                         # None: cfg.lr
+    steps: int | None = None
+    purpose: int = 0                                # seed stream (derive_seed(seed, rnd, k, purpose))
 
 
 def derive_seed(*parts: int) -> int:
@@ -53,7 +132,8 @@ class TrainStats:
 def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                 lr: float, momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
                 loss: LossFn = ce_loss, trainable: Callable[[str], bool] | None = None,
-                seed: int = 0, steps: int | None = None, extra: torch.Tensor | None = None) -> TrainStats:
+                seed: int = 0, steps: int | None = None, extra: torch.Tensor | None = None,
+                aux: dict | None = None, per_sample: dict | None = None) -> TrainStats:
     """The local-training primitive: SGD on (x, y) minimising `loss(net, xb, yb)`.
 
     `trainable(name)` selects the parameters that move (others are frozen for this call);
@@ -62,6 +142,9 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
     tensors: no DataLoader. The last partial batch of an epoch is kept.
     `extra` (optional): per-sample side data aligned with x (e.g. stored teacher logits);
     its rows for the batch are passed as a fourth argument, `loss(net, xb, yb, eb)`.
+    A batchable loss term (`batchable`) is called `loss(ModelView(net), xb, yb, aux_b)` instead,
+    with aux_b = `aux` plus the batch's rows of each `per_sample` tensor.
+    `pflrepro.batched.local_train_many` is the same primitive for many clients at once.
     """
     params = [p for n, p in net.named_parameters() if trainable is None or trainable(n)]
     frozen = [p for n, p in net.named_parameters() if trainable is not None and not trainable(n)]
@@ -73,6 +156,8 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
     net.train()
     n = len(y)
     total, count, done = 0.0, 0, 0
+    view = ModelView(net) if is_batchable(loss) else None
+    aux, per_sample = aux or {}, per_sample or {}
     try:
         for _ in range(epochs if steps is None else 10**9):
             order = torch.randperm(n, generator=gen).to(x.device)
@@ -80,7 +165,11 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
                 idx = order[s:s + batch_size]
                 xb, yb = x[idx], y[idx]
                 opt.zero_grad(set_to_none=True)
-                value = loss(net, xb, yb) if extra is None else loss(net, xb, yb, extra[idx])
+                if view is not None:
+                    value = loss(view, xb, yb, {**aux, **{n_: t[idx] for n_, t in per_sample.items()}}
+                                 if per_sample else aux)
+                else:
+                    value = loss(net, xb, yb) if extra is None else loss(net, xb, yb, extra[idx])
                 if not torch.isfinite(value):
                     raise Divergence(f"loss became {value.item()} at local step {done}: the run diverged "
                                      f"(lower the learning rate, or check the loss term)")
@@ -168,10 +257,26 @@ class Context:
     make_model: Callable[[int], nn.Module]     # client id (-1 = server/global) -> fresh model
     init_state: dict                           # the common initial global weights (seeded)
     _work: dict = field(default_factory=dict)  # reusable module per architecture name
+    _inits: dict = field(default_factory=dict)  # initial weights per other architecture (heterogeneous runs)
 
     def arch(self, k: int) -> str:
         m = self.cfg.models
         return m[k % len(m)] if (m and k >= 0) else self.cfg.model
+
+    def initial(self, k: int) -> dict:
+        """Client k's initial weights: the common `init_state` when k has the run's `model`; in
+        heterogeneous runs another architecture gets one init of its own, drawn from a generator
+        seeded by (seed, architecture name) (global RNG untouched), the same for all its clients
+        (as FedGH's code: client i starts from net_set[i % 5]). Cached; do not modify."""
+        a = self.arch(k)
+        if a == self.cfg.model:
+            return self.init_state
+        if a not in self._inits:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(derive_seed(self.cfg.seed, 0x1A17, zlib.crc32(a.encode())))
+                net = self.make_model(k)
+            self._inits[a] = {n: t.detach().to(self.device).clone() for n, t in net.state_dict().items()}
+        return self._inits[a]
 
     def model(self, k: int, state: dict | None = None) -> nn.Module:
         """A module of client k's architecture loaded with `state` (reused across calls:
@@ -187,7 +292,8 @@ class Context:
     def train(self, net: nn.Module, k: int, rnd: int, *, loss: LossFn = ce_loss,
               trainable: Callable[[str], bool] | None = None, epochs: int | None = None,
               lr: float | None = None, steps: int | None = None, data=None, purpose: int = 0,
-              extra: torch.Tensor | None = None) -> TrainStats:
+              extra: torch.Tensor | None = None, aux: dict | None = None,
+              per_sample: dict | None = None) -> TrainStats:
         """Train `net` on client k's training data with the run's optimiser settings."""
         c = self.cfg
         x, y = self.data.client_train(k) if data is None else data
@@ -195,7 +301,13 @@ class Context:
                            batch_size=c.batch_size, lr=c.lr if lr is None else lr, momentum=c.momentum,
                            weight_decay=c.weight_decay, grad_clip=c.grad_clip, loss=loss,
                            trainable=trainable, seed=derive_seed(c.seed, rnd, k, purpose), steps=steps,
-                           extra=extra)
+                           extra=extra, aux=aux, per_sample=per_sample)
+
+    def train_plan(self, net: nn.Module, k: int, rnd: int, plan: Plan) -> TrainStats:
+        """The per-client path of a `Plan` (`net` already holds `plan.start`)."""
+        return self.train(net, k, rnd, loss=plan.loss, trainable=plan.trainable, epochs=plan.epochs,
+                          lr=plan.lr, steps=plan.steps, purpose=plan.purpose, aux=plan.aux,
+                          per_sample=plan.per_sample)
 
 
 # ---------------------------------------------------------------- the round loop
@@ -254,6 +366,24 @@ class LoopResult:
     resumed_from: int
 
 
+def local_round(ctx: Context, algo, rnd: int, selected: list[int], server: dict, clients: dict) -> list:
+    """The selected clients' local updates of one round, in `selected` order; new client states
+    are stored in `clients`. `cfg.engine` picks how: `per_client` calls `algo.client_update` client
+    by client; `auto`/`batched` train the clients of algorithms that describe their client step as
+    a `Plan` (`Algorithm.plan`/`finish`) together (`pflrepro.batched`), same primitive, same seeds."""
+    if ctx.cfg.engine != "per_client":
+        from .batched import batched_round, uses_plans
+        if uses_plans(algo):
+            return batched_round(ctx, algo, rnd, selected, server, clients)
+    updates = []
+    for k in selected:
+        up, new_state = algo.client_update(rnd, k, server, clients.get(k))
+        if new_state is not None:
+            clients[k] = new_state
+        updates.append(up)
+    return updates
+
+
 def run_rounds(ctx: Context, algo, *, start: dict | None = None,
                on_checkpoint: Callable[[dict], None] | None = None, progress: bool = True) -> LoopResult:
     """THE round loop: sample, local updates, aggregate, evaluate, log, checkpoint."""
@@ -265,17 +395,16 @@ def run_rounds(ctx: Context, algo, *, start: dict | None = None,
     else:
         server, clients, history, per_client = start["server"], start["clients"], start["history"], start["per_client"]
         first, counters = int(start["round"]) + 1, dict(start["counters"])
+    if cfg.engine != "per_client":
+        from .batched import check_memory
+        check_memory(ctx, algo, first, server, clients)  # a run that cannot fit says so before round 1
     bar = _progress(cfg, first, progress)
     t_last = time.perf_counter()
     for rnd in range(first, cfg.rounds + 1):
         selected = sample_clients(cfg, rnd, n_train)
-        updates, losses = [], []
-        for k in selected:
-            up, new_state = algo.client_update(rnd, k, server, clients.get(k))
-            if new_state is not None:
-                clients[k] = new_state
-            updates.append(up)
-            losses.append(up.loss)
+        updates = local_round(ctx, algo, rnd, selected, server, clients)
+        losses = [up.loss for up in updates]
+        for up in updates:
             counters["bytes_up"] += up.bytes_up
             counters["bytes_down"] += up.bytes_down
             counters["samples"] += up.samples

@@ -10,10 +10,16 @@ A params file looks like
         settings: {"20 clients": {n_clients: 20}, ...}          # table columns/rows
         methods:  {fedavg: {}, fedprox: {hparams: {mu: 0.001}}} # method -> overrides
 
-and each run is base <- setting <- method <- setting.per_method[method] <- {algorithm, seed}. A method entry may name
-its `algorithm` (for variants of one algorithm); by default the method name is the
-algorithm. `overrides` (same shape as a profile) is merged on top, which is how
-papermill sweeps set one value.
+and each run is base <- per_dataset[dataset]["*"] <- setting <- method <- per_dataset[dataset][method]
+<- setting.per_method[method] <- {algorithm, seed}. A method entry may name its `algorithm` (for variants of one algorithm); by
+default the method name is the algorithm. `per_dataset` holds the paper's per-dataset choices
+(e.g. FedProx's mu, FedPer's head) once, for every table. `overrides` (same shape as a profile) is
+merged on top, which is how papermill sweeps set one value.
+
+A file may `inherit: <other>`: its profiles start from the other file's (`base`, `per_dataset`
+and `extra` merge key by key; `seeds`, `settings` and `methods` are replaced whole). A file
+with `source: <other>` and no profiles of its own renders another table's runs (e.g. Table 5
+from Table 2's): its profiles are the source's.
 """
 from __future__ import annotations
 
@@ -34,24 +40,63 @@ def merge(base: dict, over: dict | None) -> dict:
     return out
 
 
+PROFILE_KEYS = ("seeds", "base", "settings", "methods", "per_dataset", "extra")
+_WHOLE = ("seeds", "settings", "methods")  # replaced, not merged, by an inheriting file
+
+
+def read_params(name: str, _seen: tuple = ()) -> dict:
+    """params/<name>.yaml with `inherit:` / `source:` resolved into full profiles."""
+    path = REPO_ROOT / "params" / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"params/{name}.yaml does not exist")
+    if name in _seen:
+        raise ConfigError(f"params/{name}.yaml: inherit/source cycle {' -> '.join(_seen + (name,))}")
+    doc = yaml.safe_load(path.read_text()) or {}
+    parent_name = doc.get("inherit") or (doc.get("source") if "profiles" not in doc else None)
+    if parent_name:
+        parent = read_params(parent_name, _seen + (name,))
+        profiles = {}
+        for prof, par in parent.get("profiles", {}).items():
+            own = (doc.get("profiles") or {}).get(prof, {})
+            merged = merge({k: v for k, v in par.items() if k not in _WHOLE or k not in own},
+                           {k: v for k, v in own.items() if k not in _WHOLE})
+            merged.update({k: own[k] for k in _WHOLE if k in own})
+            profiles[prof] = merged
+        doc = {**{k: v for k, v in parent.items() if k not in ("profiles", "inherit", "source")},
+               **doc, "profiles": profiles}
+    return doc
+
+
 def load_profile(name: str, profile: str | None = None, overrides: dict | None = None) -> dict:
     """Read params/<name>.yaml and return the chosen profile, with overrides merged."""
-    path = REPO_ROOT / "params" / f"{name}.yaml"
-    doc = yaml.safe_load(path.read_text())
+    doc = read_params(name)
     profile = profile or doc.get("profile", "mini")
     if profile not in doc.get("profiles", {}):
-        raise ConfigError(f"profile={profile!r}: {path.name} defines {', '.join(doc.get('profiles', {}))}")
+        raise ConfigError(f"profile={profile!r}: params/{name}.yaml defines {', '.join(doc.get('profiles', {}))}")
     p = merge(doc["profiles"][profile], overrides)
-    unknown = set(p) - {"seeds", "base", "settings", "methods", "extra"}
+    unknown = set(p) - set(PROFILE_KEYS)
     for k, v in doc.items():  # file-level keys (paper_table, metric, ...) apply to every profile
         if k not in ("profile", "profiles"):
             p.setdefault(k, v)
     if unknown:
-        raise ConfigError(f"{path.name}:{profile}.{sorted(unknown)[0]}: unknown key; allowed: "
-                          "seeds, base, settings, methods, extra")
+        raise ConfigError(f"params/{name}.yaml:{profile}.{sorted(unknown)[0]}: unknown key; allowed: "
+                          + ", ".join(PROFILE_KEYS))
+    for k in ("seeds", "base", "methods"):
+        if k not in p:
+            raise ConfigError(f"params/{name}.yaml:{profile}: missing `{k}`")
     p["profile"] = profile
     p["name"] = name
     return p
+
+
+def merge_run(base: dict, over: dict | None) -> dict:
+    """`merge` for run settings: a layer that switches `partition` (or `split`) starts its
+    `partition_params` (`split_params`) afresh instead of inheriting the other rule's."""
+    over = over or {}
+    for rule in ("partition", "split"):
+        if rule in over and over[rule] != base.get(rule):
+            base = {k: v for k, v in base.items() if k != f"{rule}_params"}
+    return merge(base, over)
 
 
 def grid(p: dict) -> dict:
@@ -64,8 +109,12 @@ def grid(p: dict) -> dict:
             m_over = dict(m_over or {})
             algorithm = m_over.pop("algorithm", method)
             for seed in p["seeds"]:
-                d = merge(merge(merge(merge(p["base"], s_over), m_over), per_method.get(method)),
-                          {"algorithm": algorithm, "seed": seed})
+                ds = merge(merge(p["base"], s_over), m_over).get("dataset")
+                per_ds = (p.get("per_dataset") or {}).get(ds) or {}
+                d = p["base"]
+                for layer in (per_ds.get("*"), s_over, m_over, per_ds.get(method), per_method.get(method),
+                              {"algorithm": algorithm, "seed": seed}):
+                    d = merge_run(d, layer)
                 try:
                     out[(method, setting, seed)] = RunConfig.from_dict(d)
                 except ConfigError as e:
@@ -85,11 +134,15 @@ def run_grid(configs: dict, root: Path | str | None = None, progress: bool = Tru
 
 
 def output_dirs(name: str, out_dir: str | None) -> tuple[Path, Path, Path]:
-    """(results dir, figures dir, run store) for a notebook; absolute, created."""
+    """(results dir, figures dir, run store) for a notebook; absolute, created.
+
+    By default every notebook shares one content-addressed run store, `results/runs` (key =
+    config + code fingerprint), so tables built from the same runs (Table 2 -> Tables 4, 5,
+    Figs. 6, 7) never train twice. A sweep point with its own `out_dir` keeps its runs there."""
     res = Path(out_dir) if out_dir else REPO_ROOT / "results" / name
     res = res if res.is_absolute() else REPO_ROOT / res
     fig = res / "figures" if out_dir else REPO_ROOT / "figures" / name
-    store = res / "runs"
+    store = res / "runs" if out_dir else REPO_ROOT / "results" / "runs"
     for d in (res, fig, store):
         d.mkdir(parents=True, exist_ok=True)
     return res, fig, store

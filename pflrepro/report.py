@@ -33,11 +33,18 @@ def score(res: RunResult, metric: str = "pm_acc_mean", how: str = "best") -> flo
     return 100.0 * res.summary[metric][how]
 
 
+def paper_setting(setting: str, dataset: str) -> str:
+    """A table spanning datasets names its settings '<dataset> <paper column>' (e.g. 'fmnist 20 clients');
+    the paper's CSV has the dataset in its own column, so the prefix is dropped for matching."""
+    return setting[len(dataset) + 1:] if setting.startswith(dataset + " ") else setting
+
+
 def tidy(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
     """{(method, setting, seed): RunResult} -> one row per run with best / last-10 / final scores."""
     rows = []
     for (method, setting, seed), r in results.items():
-        rows.append({"method": method, "setting": setting, "seed": seed,
+        rows.append({"method": method, "dataset": r.config.dataset, "setting": paper_setting(setting, r.config.dataset),
+                     "seed": seed,
                      "best": score(r, metric, "best"), "last10": score(r, metric, "last_mean"),
                      "final": score(r, metric, "final"), "best_round": r.summary[metric]["best_round"],
                      "wall_s": r.provenance["wall_seconds"], "run": r.path.name})
@@ -54,10 +61,97 @@ def compare(runs: pd.DataFrame, paper: pd.DataFrame | None, on=("method", "setti
     out = out.rename(columns={"mean": "reproduced", "std": "repro_std", "count": "seeds"})
     if paper is not None:
         p = paper.rename(columns={"value": "paper", "std": "paper_std"})
+        if "paper_std" not in p.columns:  # papers that print single numbers (DC-PFL)
+            p = p.assign(paper_std=float("nan"))
         keep = [c for c in on if c in p.columns]
         out = out.merge(p[keep + ["paper", "paper_std"]], on=keep, how="left")
         out["diff"] = out["reproduced"] - out["paper"]
+        groups = [c for c in on if c != "method"]
+        rank = (lambda col: out.groupby(groups, sort=False)[col].rank(ascending=False, method="min")) if groups \
+            else (lambda col: out[col].rank(ascending=False, method="min"))
+        out["rank"], out["paper_rank"] = rank("reproduced"), rank("paper")  # orderings, side by side
     return out
+
+
+def sweep_value(setting: str) -> float:
+    """The number in a sweep setting's name: 'classes=4' -> 4.0, 'r=20%' -> 20.0."""
+    import re
+    m = re.search(r"=\s*([0-9.]+)", str(setting))
+    return float(m.group(1)) if m else float("nan")
+
+
+def plot_sweep(table: pd.DataFrame, xlabel: str, title: str = ""):
+    """Accuracy against a swept setting (DC-PFL Figs. 2, 3): one line per method, one panel per dataset."""
+    sns = _sns()
+    t = table.assign(x=table["setting"].map(sweep_value))
+    g = sns.relplot(data=t, x="x", y="reproduced", hue="method", col="dataset", kind="line", marker="o",
+                    height=3.4, aspect=1.3, facet_kws={"sharey": False, "sharex": False})
+    g.set_axis_labels(xlabel, "accuracy (%)")
+    if title:
+        g.figure.suptitle(title, y=1.04, fontsize=9)
+    return g.figure
+
+
+def compare_table(runs: pd.DataFrame, paper: pd.DataFrame | None, value: str = "best") -> pd.DataFrame:
+    """`compare` grouped by dataset, setting and method, matched to the paper on the keys its CSV has
+    (a CIFAR-100-only table has no dataset column: its numbers sit beside whatever dataset ran)."""
+    return compare(runs, paper, on=("dataset", "setting", "method"), value=value)
+
+
+def wide(table: pd.DataFrame, columns: str = "setting", value: str = "reproduced") -> pd.DataFrame:
+    """Methods as rows, settings as columns: 'reproduced (paper)' cells, the paper's layout."""
+    def cell(r):
+        s = f"{r[value]:.2f}"
+        if r.get("seeds", 1) > 1:
+            s += f" ± {r['repro_std']:.2f}"
+        if "paper" in r and r["paper"] == r["paper"]:
+            s += f" ({r['paper']:.2f})"
+        return s
+    t = table.assign(cell=table.apply(cell, axis=1))
+    return t.pivot_table(index="method", columns=columns, values="cell", aggfunc="first", sort=False).reset_index()
+
+
+def rounds_to_reach(curves_df: pd.DataFrame, reference: str, method: str, metric: str = "pm_acc_mean",
+                    at_round: int | None = None) -> pd.DataFrame:
+    """Table 4: the first round at which `method`'s curve reaches `reference`'s accuracy after
+    `at_round` rounds (default: its last round), per setting and seed. NaN if never reached."""
+    rows = []
+    for (setting, seed), g in curves_df.groupby(["setting", "seed"], sort=False):
+        ref = g[g.method == reference].sort_values("round")
+        cur = g[g.method == method].sort_values("round")
+        if ref.empty or cur.empty:
+            continue
+        last = int(ref["round"].max()) if at_round is None else int(at_round)
+        target = float(ref[ref["round"] <= last][metric].iloc[-1])
+        hit = cur[cur[metric] >= target]
+        r = float(hit["round"].iloc[0]) if len(hit) else float("nan")
+        rows.append({"setting": setting, "seed": seed, "target_round": last, "target_acc": target,
+                     "rounds": r, "speedup": last / r if r == r else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def client_accuracies(results: dict, at: str = "best", metric: str = "pm_acc_mean") -> pd.DataFrame:
+    """Per-client personalized accuracy (%) of every run at its best evaluated round (or 'final')."""
+    rows = []
+    for (method, setting, seed), r in results.items():
+        if not r.per_client:
+            continue
+        v = np.array([h[metric] for h in r.history], dtype=np.float64)
+        i = int(np.nanargmax(v)) if at == "best" else len(v) - 1
+        for k, a in enumerate(r.per_client[i]):
+            if a == a:
+                rows.append({"method": method, "dataset": r.config.dataset,
+                             "setting": paper_setting(setting, r.config.dataset), "seed": seed,
+                             "round": r.history[i]["round"], "client": k, "accuracy": 100.0 * a})
+    return pd.DataFrame(rows)
+
+
+def spread(clients: pd.DataFrame) -> pd.DataFrame:
+    """Table 5: mean and standard deviation ACROSS CLIENTS, averaged over seeds."""
+    per_run = clients.groupby(["dataset", "setting", "method", "seed"], sort=False)["accuracy"] \
+        .agg(["mean", lambda a: a.std(ddof=0)]).reset_index()
+    per_run.columns = ["dataset", "setting", "method", "seed", "mean", "std"]
+    return per_run.groupby(["dataset", "setting", "method"], sort=False)[["mean", "std"]].mean().reset_index()
 
 
 def banner(profile: str, dataset: str, note: str = "", seeds=None) -> str:
@@ -88,9 +182,10 @@ def curves(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
     """Long-format learning curves: method, setting, seed, round, value (%)."""
     rows = []
     for (method, setting, seed), r in results.items():
+        ds = r.config.dataset
         for h in r.history:
-            rows.append({"method": method, "setting": setting, "seed": seed, "round": h["round"],
-                         metric: 100.0 * h[metric]})
+            rows.append({"method": method, "dataset": ds, "setting": paper_setting(setting, ds), "panel": setting,
+                         "seed": seed, "round": h["round"], metric: 100.0 * h[metric]})
     return pd.DataFrame(rows)
 
 
@@ -100,7 +195,7 @@ def plot_curves(df: pd.DataFrame, metric: str = "pm_acc_mean", title: str = "", 
     matplotlib.use("Agg", force=False)
     import seaborn as sns
     sns.set_theme(style="whitegrid", context="notebook")
-    g = sns.relplot(data=df, x="round", y=metric, hue="method", col="setting", kind="line",
+    g = sns.relplot(data=df, x="round", y=metric, hue="method", col="panel" if "panel" in df else "setting", kind="line",
                     errorbar="sd", height=3.6, aspect=1.25, facet_kws={"sharey": False})
     g.set_axis_labels("communication round", ylabel)
     if title:
@@ -113,3 +208,54 @@ def save(fig, path: Path | str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     return path
+
+
+def _sns():
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import seaborn as sns
+    sns.set_theme(style="whitegrid", context="notebook")
+    return sns
+
+
+def plot_vs_paper(table: pd.DataFrame, title: str = "", x: str = "method"):
+    """Reproduced (bars, +- std over seeds) beside the paper's value (black ticks), one panel per setting."""
+    sns = _sns()
+    t = table.assign(panel=[s if "dataset" not in table or s == d else f"{d} {s}"
+                            for d, s in zip(table.get("dataset", table["setting"]), table["setting"].astype(str))])
+    g = sns.catplot(data=t, x=x, y="reproduced", col="panel", kind="bar", height=3.4, aspect=1.4,
+                    sharey=False, color="tab:blue", alpha=0.8, col_wrap=min(3, t["panel"].nunique()))
+    g.set_titles("{col_name}")
+    for ax, (_, sub) in zip(g.axes.flat, t.groupby("panel", sort=False)):
+        xs = range(len(sub))
+        ax.errorbar(xs, sub["reproduced"], yerr=sub["repro_std"], fmt="none", ecolor="k", capsize=2, lw=0.8)
+        if "paper" in sub:
+            ax.scatter(xs, sub["paper"], marker="_", s=400, color="k", zorder=3, label="paper")
+        ax.tick_params(axis="x", rotation=45)
+        ax.set_ylabel("accuracy (%): bars reproduced, — paper")
+    if title:
+        g.figure.suptitle(title, y=1.04, fontsize=9)
+    return g.figure
+
+
+def plot_client_distribution(clients: pd.DataFrame, title: str = ""):
+    """pFedSD Fig. 7: histogram of per-client personalized accuracy, one panel per dataset/setting."""
+    sns = _sns()
+    c = clients.assign(panel=clients["dataset"] + " " + clients["setting"].astype(str))
+    g = sns.displot(data=c, x="accuracy", hue="method", col="panel", kind="hist", element="step",
+                    fill=False, bins=20, height=3.4, aspect=1.4, facet_kws={"sharey": False})
+    g.set_axis_labels("client test accuracy (%)", "clients")
+    if title:
+        g.figure.suptitle(title, y=1.04, fontsize=9)
+    return g.figure
+
+
+def partition_figure(cfg, title: str | None = None):
+    """The (clients x classes) bubble chart of a config's training partition (pFedSD Fig. 5)."""
+    from .partition import label_counts, plot_partition
+    from .runs import _raw, build_partition
+    raw = _raw(cfg.dataset)
+    y = (raw.pooled()[1] if cfg.pool == "train+test" else raw.y_train).numpy()
+    split = build_partition(cfg)
+    return plot_partition(label_counts(y, split["train"], raw.spec.num_classes), title=title or (
+        f"{cfg.dataset}: {cfg.partition} {cfg.partition_params}, K={cfg.n_clients} (train, seed {cfg.seed})"))

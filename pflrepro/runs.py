@@ -144,11 +144,33 @@ class RunResult:
 _RESULT_CODE = ("config.py", "data.py", "engine.py", "models.py", "partition.py", "runs.py", "schemas.py")
 
 
-def code_fingerprint() -> str:
-    """sha256 of the source files that can change a run's numbers (not reporting/CLI code).
-    Part of the content address, so a stored result is never reused across an engine change."""
+def _algorithm_files(algorithm: str | None) -> list[Path]:
+    """The algorithm package files a run of `algorithm` executes: the modules defining its class
+    and its bases, plus the package modules those import (e.g. shared statistics helpers).
+    Adding or editing another algorithm does not invalidate this one's stored results."""
+    import re
+    from . import algorithms
+    folder = Path(algorithms.__file__).resolve().parent
+    if algorithm is None or algorithm not in algorithms.ALGORITHMS:
+        return sorted(folder.glob("*.py"))
+    todo = [Path(c.__module__.replace(".", "/") + ".py").name for c in algorithms.ALGORITHMS[algorithm].__mro__
+            if c.__module__.startswith("pflrepro.algorithms.")]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen or not (folder / name).exists():
+            continue
+        seen.add(name)
+        todo += [m + ".py" for m in re.findall(r"^from \.(\w+) import", (folder / name).read_text(), re.M)]
+    return sorted(folder / n for n in seen)
+
+
+def code_fingerprint(algorithm: str | None = None) -> str:
+    """sha256 of the source files that can change a run's numbers (not reporting/CLI code): the
+    engine and, for `algorithm`, its own modules (all algorithm files when None). Part of the
+    content address, so a stored result is never reused across a change of the code it ran."""
     pkg = Path(__file__).resolve().parent
-    files = [pkg / f for f in _RESULT_CODE] + sorted((pkg / "algorithms").glob("*.py"))
+    files = [pkg / f for f in _RESULT_CODE] + _algorithm_files(algorithm)
     h = hashlib.sha256()
     for f in files:
         h.update(f.name.encode() + b"\0" + f.read_bytes())
@@ -156,7 +178,7 @@ def code_fingerprint() -> str:
 
 
 def result_key(cfg: RunConfig) -> str:
-    return hashlib.sha256((cfg.key() + code_fingerprint()).encode()).hexdigest()
+    return hashlib.sha256((cfg.key() + code_fingerprint(cfg.algorithm)).encode()).hexdigest()
 
 
 def run_dir(cfg: RunConfig, root: Path | str | None = None) -> Path:
@@ -289,7 +311,7 @@ def provenance(cfg: RunConfig, ctx: Context, wall: float, res, git: dict) -> dic
     import numpy
     fwd = model_flops(ctx)
     return {
-        "config_sha256": cfg.key(), "code_sha256": code_fingerprint(), "seed": cfg.seed, "dataset": cfg.dataset, "dataset_source": ctx.data.source,
+        "config_sha256": cfg.key(), "code_sha256": code_fingerprint(cfg.algorithm), "seed": cfg.seed, "dataset": cfg.dataset, "dataset_source": ctx.data.source,
         "device": str(ctx.device), "torch_threads": torch.get_num_threads(),
         "git": git, "pflrepro": __version__, "python": platform.python_version(),
         "torch": torch.__version__, "numpy": numpy.__version__, "platform": platform.platform(),

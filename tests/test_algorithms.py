@@ -7,6 +7,7 @@ import torch
 from pflrepro.algorithms import ALGORITHMS
 from pflrepro.algorithms.pfedsd import kd_kl
 from pflrepro.config import RunConfig
+from pflrepro.engine import ModelView
 from pflrepro.runs import build_context, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
@@ -62,8 +63,9 @@ def test_pfedsd_stored_teacher_gives_the_recomputed_loss_in_eval_mode():
         table = teacher(x)
     net = ctx.model(1, server["params"]).eval()
     idx = torch.arange(5, 37)
-    recomputed = a.kd_loss(teacher)(net, x[idx], y[idx])
-    stored = a.kd_loss(None)(net, x[idx], y[idx], table[idx])
+    m = ModelView(net)
+    recomputed = a.kd_loss(m, x[idx], y[idx], {"teacher": st["params"]})
+    stored = a.kd_loss(m, x[idx], y[idx], {"t_logits": table[idx]})
     assert stored.item() == pytest.approx(recomputed.item(), rel=1e-5)
     assert recomputed.item() > torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).item()  # KD term > 0
 
@@ -163,7 +165,6 @@ def test_l2_regulariser_hand_computed():
     with torch.no_grad():
         net.weight.copy_(torch.tensor([[3.0], [1.0]]))
     v = {"weight": torch.tensor([[1.0], [1.0]])}
-    loss = algo.param_loss(0, v)
     x, y = torch.zeros(1, 1), torch.tensor([0])
     ce = torch.nn.functional.cross_entropy(net(x), y)  # logits are 0: ln 2
-    assert (loss(net, x, y) - ce).item() == pytest.approx(1.0)
+    assert (algo.param_loss(ModelView(net), x, y, {"anchor": v}) - ce).item() == pytest.approx(1.0)

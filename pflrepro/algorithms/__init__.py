@@ -1,9 +1,19 @@
 """Algorithm registry: name -> class. Each class declares its hyperparameters in HPARAMS."""
 from .base import Algorithm, Update
+from .dcpfl import DCPFL
+from .fd import FD
+from .fedfomo import FedFomo
+from .fedgh import FedGH
+from .fedkd import FedKD
+from .fedproto import FedProto
+from .fml import FML
+from .forgetting import FedAvgLastLocal
 from .partial import FedPer, LGFedAvg
+from .pfedme import PFedMe
 from .pfedsd import PFedSD
 from .simple import FedAvgFT, FedProx, Local
 
-ALGORITHMS = {cls.name: cls for cls in (Algorithm, Local, FedProx, FedAvgFT, FedPer, LGFedAvg, PFedSD)}
+ALGORITHMS = {cls.name: cls for cls in (Algorithm, Local, FedProx, FedAvgFT, FedPer, LGFedAvg, PFedSD,
+                                           FedAvgLastLocal, PFedMe, FedFomo, DCPFL, FedGH, FedProto, FML, FedKD, FD)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Update"]

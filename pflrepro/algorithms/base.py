@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..config import Param, check_params
-from ..engine import Context, ce_loss, clone_state, plain_average, state_bytes, weighted_average
+from ..engine import Context, Plan, ce_loss, clone_state, plain_average, state_bytes, weighted_average
 
 
 @dataclass
@@ -35,6 +35,7 @@ class Algorithm:
     HPARAMS: dict[str, Param] = {}
     generic = True            # trains one global model (PM = GM on local tests, Remark 4.1)
     weighted = True           # aggregate weighted by n_k (False: plain mean, as pFedSD's code)
+    heterogeneous = False     # True: runs with per-client architectures (`models`): exchanges no whole models
 
     def __init__(self, ctx: Context, **hparams):
         self.ctx = ctx
@@ -50,20 +51,42 @@ class Algorithm:
         return {**server, "params": {**server["params"], **avg}}
 
     # ---- client side
+    # The client step is plan -> train -> finish. `plan` says what to train (start state, loss term,
+    # trainable parameters, the client's tensors the loss needs), as data; the engine trains it, per
+    # client (`Context.train_plan`) or together with other clients (`pflrepro.batched`); `finish`
+    # turns the trained state into the message and the new client state. Algorithms that override
+    # `client_update` itself keep working, client by client.
     def loss(self, rnd: int, k: int, server: dict, cstate: dict | None):
-        """The loss term fed to the training primitive (FedAvg: plain CE)."""
+        """The loss term fed to the training primitive (FedAvg: plain CE). A `batchable` term
+        (`loss(m, x, y, aux)`) lets the batched engine train clients together."""
         return ce_loss
+
+    def aux(self, rnd: int, k: int, server: dict, cstate: dict | None) -> dict:
+        """Client k's tensors the loss term receives as `aux` (e.g. FedProx's anchor)."""
+        return {}
 
     def trainable(self, rnd: int, k: int):
         return None  # all parameters
 
-    def client_update(self, rnd: int, k: int, server: dict, cstate: dict | None) -> tuple[Update, dict | None]:
-        net = self.ctx.model(k, server["params"])
-        stats = self.ctx.train(net, k, rnd, loss=self.loss(rnd, k, server, cstate), trainable=self.trainable(rnd, k))
-        return self.upload(k, net, stats, server), None
+    def plan(self, rnd: int, k: int, server: dict, cstate: dict | None) -> Plan:
+        """Client k's local training as data (FedAvg: from the global model, CE, all parameters)."""
+        return Plan(start=server["params"], loss=self.loss(rnd, k, server, cstate),
+                    trainable=self.trainable(rnd, k), aux=self.aux(rnd, k, server, cstate))
 
-    def upload(self, k: int, net: nn.Module, stats, server: dict, keys=None) -> Update:
-        state = net.state_dict()
+    def finish(self, rnd: int, k: int, server: dict, cstate: dict | None, state: dict, stats) -> tuple[Update, dict | None]:
+        """Message and new client state from the trained `state` (a state dict that the engine
+        reuses afterwards: clone what is kept)."""
+        return self.upload(k, state, stats, server), None
+
+    def client_update(self, rnd: int, k: int, server: dict, cstate: dict | None) -> tuple[Update, dict | None]:
+        plan = self.plan(rnd, k, server, cstate)
+        net = self.ctx.model(k, plan.start)
+        stats = self.ctx.train_plan(net, k, rnd, plan)
+        return self.finish(rnd, k, server, cstate, net.state_dict(), stats)
+
+    def upload(self, k: int, net, stats, server: dict, keys=None) -> Update:
+        """Update carrying `keys` (default: all) of the trained model (`net`: a module or a state dict)."""
+        state = net if isinstance(net, dict) else net.state_dict()
         keys = list(state) if keys is None else list(keys)
         sent = {n: state[n].detach().clone() for n in keys}
         nbytes = state_bytes(sent)

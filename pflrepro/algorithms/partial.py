@@ -11,7 +11,7 @@ shared head for all datasets."
 from __future__ import annotations
 
 from ..config import Param
-from ..engine import clone_state, plain_average
+from ..engine import Plan, clone_state, plain_average
 from ..models import head_param_names
 from .base import Algorithm
 
@@ -33,16 +33,17 @@ class FedPer(Algorithm):
         return in_head == self.head_is_shared
 
     def local_state(self, k, server, cstate):
-        """Global shared part + the client's own personal part (initially the common init)."""
-        return {**server["params"], **(cstate["personal"] if cstate else {})}
+        """Global shared part + the client's own personal part (initially its architecture's init)."""
+        own = cstate["personal"] if cstate else {n: t for n, t in self.ctx.initial(k).items() if not self.is_shared(n)}
+        return {**{n: t for n, t in server["params"].items() if self.is_shared(n)}, **own}
 
-    def client_update(self, rnd, k, server, cstate):
-        net = self.ctx.model(k, self.local_state(k, server, cstate))
-        stats = self.ctx.train(net, k, rnd)
-        state = net.state_dict()
+    def plan(self, rnd, k, server, cstate):
+        return Plan(start=self.local_state(k, server, cstate))
+
+    def finish(self, rnd, k, server, cstate, state, stats):
         shared = [n for n in state if self.is_shared(n)]
         personal = clone_state({n: t for n, t in state.items() if not self.is_shared(n)})
-        return self.upload(k, net, stats, server, keys=shared), {"personal": personal}
+        return self.upload(k, state, stats, server, keys=shared), {"personal": personal}
 
     def global_model(self, server):
         return None  # no complete global model: GM = averaged PMs (SCD Remark 4.1)
@@ -52,7 +53,7 @@ class FedPer(Algorithm):
 
     def averaged_personal_model(self, server, clients):
         states = [self.local_state(k, server, c) for k, c in clients.items() if c]
-        if not states:
+        if not states or len({self.ctx.arch(k) for k in clients}) > 1:  # heterogeneous: nothing to average
             return None
         return self.ctx.model(-1, plain_average(states))
 
@@ -60,4 +61,5 @@ class FedPer(Algorithm):
 class LGFedAvg(FedPer):
     name = "lg_fedavg"
     head_is_shared = True
+    heterogeneous = True   # only the head is exchanged: bodies may differ (DC-PFL Table 2)
     HPARAMS = {"head_layers": Param(int, 2, "how many last parametrised layers form the shared head", low=1)}

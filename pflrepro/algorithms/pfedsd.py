@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import Param
-from ..engine import clone_state, derive_seed
+from ..engine import Plan, batchable, clone_state, derive_seed
 from .base import Algorithm
 
 
@@ -50,23 +50,26 @@ class PFedSD(Algorithm):
                      "'mse_prob' (softened predictions q), 'l2', 'ewc'", choices=("kl", "mse", "mse_prob", "l2", "ewc")),
     }
 
-    def client_update(self, rnd, k, server, cstate):
-        net = self.ctx.model(k, server["params"])
+    def plan(self, rnd, k, server, cstate):
         if cstate is None:                      # first participation: plain CE
-            stats = self.ctx.train(net, k, rnd)
-        elif self.hp["reg"] in ("l2", "ewc"):          # Table 9: parameter-space regularisers
-            stats = self.ctx.train(net, k, rnd, loss=self.param_loss(k, cstate["params"]))
-        else:
-            teacher = self.teacher(k, cstate["params"])
-            if self.hp["teacher"] == "stored":  # v_k's logits once, looked up per batch
-                x, _ = self.ctx.data.client_train(k)
-                torch.manual_seed(derive_seed(self.ctx.cfg.seed, rnd, k, 2))  # teacher dropout, resume-safe
-                with torch.no_grad():
-                    table = torch.cat([teacher(x[i:i + 1024]) for i in range(0, len(x), 1024)])
-                stats = self.ctx.train(net, k, rnd, loss=self.kd_loss(None), extra=table)
-            else:
-                stats = self.ctx.train(net, k, rnd, loss=self.kd_loss(teacher))
-        return self.upload(k, net, stats, server), {"params": clone_state(net.state_dict())}
+            return Plan(start=server["params"])
+        v = cstate["params"]
+        if self.hp["reg"] in ("l2", "ewc"):     # Table 9: parameter-space regularisers
+            aux = {"anchor": {n: t.detach() for n, t in v.items()}}
+            if self.hp["reg"] == "ewc":
+                aux["fisher"] = diag_fisher(self.teacher(k, v).eval(), *self.ctx.data.client_train(k))
+            return Plan(start=server["params"], loss=self.param_loss, aux=aux)
+        if self.hp["teacher"] == "stored":      # v_k's logits once, looked up per batch
+            teacher = self.teacher(k, v)
+            x, _ = self.ctx.data.client_train(k)
+            torch.manual_seed(derive_seed(self.ctx.cfg.seed, rnd, k, 2))  # teacher dropout, resume-safe
+            with torch.no_grad():
+                table = torch.cat([teacher(x[i:i + 1024]) for i in range(0, len(x), 1024)])
+            return Plan(start=server["params"], loss=self.kd_loss, per_sample={"t_logits": table})
+        return Plan(start=server["params"], loss=self.kd_loss, aux={"teacher": v})  # recomputed per batch
+
+    def finish(self, rnd, k, server, cstate, state, stats):
+        return self.upload(k, state, stats, server), {"params": clone_state(state)}
 
     def teacher(self, k, state):
         t = self.ctx.make_model(k).to(self.ctx.device)
@@ -74,33 +77,32 @@ class PFedSD(Algorithm):
         t.train(self.hp["teacher_mode"] == "train")
         return t
 
-    def kd_loss(self, teacher):
-        """Eq. (3): CE + lambda * KD against v_k (recomputed, or given per batch as `t_logits`)."""
-        lam, tau = self.hp["lam"], self.hp["tau"]
+    def reg(self, s, t):
+        tau = self.hp["tau"]
+        r = self.hp["reg"]
+        if r == "kl":
+            return kd_kl(s, t, tau)
+        if r == "mse":
+            return F.mse_loss(s, t)
+        return F.mse_loss(F.softmax(s / tau, 1), F.softmax(t / tau, 1))  # mse_prob
 
-        reg = {"kl": lambda s, t: kd_kl(s, t, tau), "mse": F.mse_loss,
-               "mse_prob": lambda s, t: F.mse_loss(F.softmax(s / tau, 1), F.softmax(t / tau, 1))}[self.hp["reg"]]
+    @batchable
+    def kd_loss(self, m, xb, yb, aux):
+        """Eq. (3): CE + lambda * KD against v_k: its logits are given per batch (`t_logits`, stored)
+        or recomputed from its state (`teacher`) with the same forward as the student's."""
+        logits = m(xb)
+        t_logits = aux.get("t_logits")
+        if t_logits is None:
+            with torch.no_grad():
+                t_logits = m.run(aux["teacher"], xb, train=self.hp["teacher_mode"] == "train")
+        return F.cross_entropy(logits, yb) + self.hp["lam"] * self.reg(logits, t_logits)
 
-        def loss(net, xb, yb, t_logits=None):
-            logits = net(xb)
-            if t_logits is None:
-                with torch.no_grad():
-                    t_logits = teacher(xb)
-            return F.cross_entropy(logits, yb) + lam * reg(logits, t_logits)
-        return loss
-
-    def param_loss(self, k, v_state):
+    @batchable
+    def param_loss(self, m, xb, yb, aux):
         """Table 9's L2 and EWC: CE + lambda/2 * sum_i F_i (w_i - v_i)^2 (F = 1 for L2)."""
-        lam = self.hp["lam"]
-        anchor = {n: t.detach() for n, t in v_state.items()}
-        fisher = diag_fisher(self.teacher(k, v_state).eval(), *self.ctx.data.client_train(k)) \
-            if self.hp["reg"] == "ewc" else None
-
-        def loss(net, xb, yb):
-            reg = sum(((p - anchor[n]) ** 2 * (fisher[n] if fisher else 1.0)).sum()
-                      for n, p in net.named_parameters())
-            return F.cross_entropy(net(xb), yb) + 0.5 * lam * reg
-        return loss
+        anchor, fisher = aux["anchor"], aux.get("fisher")
+        reg = sum(((p - anchor[n]) ** 2 * (fisher[n] if fisher else 1.0)).sum() for n, p in m.params.items())
+        return F.cross_entropy(m(xb), yb) + 0.5 * self.hp["lam"] * reg
 
     def personal_model(self, k, server, cstate):
         # v_k; a client never selected yet has no v_k and uses the global model

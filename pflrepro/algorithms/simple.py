@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..config import Param
-from ..engine import ce_loss, clone_state
+from ..engine import Plan, batchable, ce_loss, clone_state
 from ..models import head_param_names
 from .base import Algorithm, Update
 
@@ -14,16 +14,17 @@ class Local(Algorithm):
     never communicates."""
     name = "local"
     generic = False
+    heterogeneous = True
 
     def server_init(self) -> dict:
         return {}
 
-    def client_update(self, rnd, k, server, cstate):
-        start = cstate["params"] if cstate else self.ctx.init_state
-        net = self.ctx.model(k, start)
-        stats = self.ctx.train(net, k, rnd)
+    def plan(self, rnd, k, server, cstate):
+        return Plan(start=cstate["params"] if cstate else self.ctx.initial(k))
+
+    def finish(self, rnd, k, server, cstate, state, stats):
         return (Update(weight=float(len(self.ctx.data.train[k])), loss=stats.loss, samples=stats.samples),
-                {"params": clone_state(net.state_dict())})
+                {"params": clone_state(state)})
 
     def aggregate(self, rnd, server, updates, clients):
         return server
@@ -32,7 +33,7 @@ class Local(Algorithm):
         return None  # no GM: the engine scores the averaged PMs (Remark 4.1)
 
     def personal_model(self, k, server, cstate):
-        return self.ctx.model(k, cstate["params"] if cstate else self.ctx.init_state)
+        return self.ctx.model(k, cstate["params"] if cstate else self.ctx.initial(k))
 
 
 class FedProx(Algorithm):
@@ -41,13 +42,16 @@ class FedProx(Algorithm):
     HPARAMS = {"mu": Param(float, 0.01, "proximal coefficient mu", low=0.0)}
 
     def loss(self, rnd, k, server, cstate):
-        mu = self.hp["mu"]
-        anchor = {n: t.detach() for n, t in server["params"].items()}
+        return self.prox
 
-        def prox(net, x, y):
-            reg = sum(((p - anchor[n]) ** 2).sum() for n, p in net.named_parameters())
-            return ce_loss(net, x, y) + 0.5 * mu * reg
-        return prox
+    def aux(self, rnd, k, server, cstate):
+        return {"anchor": {n: t.detach() for n, t in server["params"].items()}}   # w_global
+
+    @batchable
+    def prox(self, m, x, y, aux):
+        anchor = aux["anchor"]
+        reg = sum(((p - anchor[n]) ** 2).sum() for n, p in m.params.items())
+        return ce_loss(m, x, y) + 0.5 * self.hp["mu"] * reg
 
 
 class FedAvgFT(Algorithm):

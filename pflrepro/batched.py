@@ -1,0 +1,582 @@
+"""Batched local training: the training primitive for many clients at once.
+
+`local_train_many` is `engine.local_train` for C clients of one architecture: their parameters,
+buffers and momentum are stacked along a leading client dimension and one step of all of them is
+one call of `vmap(grad_and_value(loss))` (`torch.func`), followed by one SGD update of the stacked
+tensors. Per client it does what `local_train` does, in the same order:
+
+- data order: the same `torch.Generator(seed).randperm` per epoch, the same batches (the last
+  partial batch of an epoch kept), the same number of steps (`epochs`, or `steps`);
+- clients with fewer steps stop early: clients are sorted by step count, so the clients still
+  training are always a prefix of the stack and the update touches only that prefix (a finished
+  client's weights, momentum and BN statistics are never touched again). At a step where clients
+  have different batch sizes (a partial last batch), each batch size is its own `vmap` call on
+  the clients having it; padding is never used, so BatchNorm statistics and the loss's mean see
+  exactly the client's own samples;
+- SGD with momentum, dampening 0 and weight decay as `torch.optim.SGD` computes it
+  (d = g + wd w; b = m b + d, b = d on the first step; w = w - lr b), gradient clipping by each
+  client's own total norm;
+- BatchNorm: each client's running statistics are its own (stacked buffers, updated in place);
+- dropout: each client's masks are drawn from its own `torch.Generator(seed)`, the generator
+  `local_train` seeds globally with `torch.manual_seed(seed)`, with the shapes and in the order
+  `F.dropout`/`F.dropout2d` draw them, so masks are identical to the per-client path on CPU.
+
+Floating point differs from the per-client path only by kernel choice (batched matmuls and
+grouped convolutions instead of per-client ones; summation order), see docs/performance.md.
+
+The loss must be a *batchable* term (`engine.batchable`): `loss(m, x, y, aux)`, reaching
+per-client tensors only through `aux` (`Plan.aux`, plus the batch's rows of `Plan.per_sample`).
+
+`batched_round` is the round loop's batched branch: it asks the algorithm for every selected
+client's `Plan`, groups clients whose plans can be trained together (same architecture, loss
+term, trainable set, settings, tensor shapes), trains each group in chunks that fit
+`cfg.memory_budget_mb`, and hands each trained state to `Algorithm.finish`.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from .engine import Context, Divergence, ModelView, Plan, TrainStats, ce_loss, derive_seed, is_batchable
+
+
+class NotBatchable(RuntimeError):
+    """These clients cannot be trained together (the per-client path still can)."""
+
+
+class MemoryBudgetError(RuntimeError):
+    """One client needs more memory than `memory_budget_mb` allows."""
+
+
+def uses_plans(algo) -> bool:
+    """True for algorithms whose client step is plan -> train -> finish (they do not override
+    `client_update`): those can be batched."""
+    from .algorithms.base import Algorithm
+    return isinstance(algo, Algorithm) and type(algo).client_update is Algorithm.client_update
+
+
+# ---------------------------------------------------------------- dropout with per-client masks
+_FEATURE = {nn.Dropout1d: 3, nn.Dropout2d: 4, nn.Dropout3d: 5}
+
+
+class _Dropouts:
+    """While installed, the module's dropout layers apply masks given from outside (one per call,
+    in call order) instead of drawing from the global generator; in `record` mode they note the
+    noise shape each call would draw (and pass the input through)."""
+
+    def __init__(self, module: nn.Module):
+        self.layers = [m for m in module.modules() if isinstance(m, (nn.Dropout, nn.Dropout1d, nn.Dropout2d,
+                                                                        nn.Dropout3d, nn.AlphaDropout,
+                                                                        nn.FeatureAlphaDropout))]
+        self.masks = None     # iterator of masks while stepping
+        self.calls = None     # list of (shape, p) while recording
+
+    @contextlib.contextmanager
+    def installed(self):
+        for m in self.layers:
+            m.forward = self._forward_for(m)
+        try:
+            yield self
+        finally:
+            for m in self.layers:
+                del m.forward
+
+    def _forward_for(self, m):
+        def forward(x):
+            p = float(m.p)
+            if not m.training or p == 0.0:
+                return x
+            if isinstance(m, (nn.AlphaDropout, nn.FeatureAlphaDropout)):
+                raise NotBatchable(f"{type(m).__name__} is not supported by the batched engine")
+            if p == 1.0:
+                return x * torch.zeros((), dtype=x.dtype, device=x.device)
+            if self.calls is not None:          # recording: the noise shape F.dropout* would draw
+                if type(m) in _FEATURE:
+                    if x.dim() != _FEATURE[type(m)]:
+                        raise NotBatchable(f"{type(m).__name__} on a {x.dim()}-d input")
+                    shape = tuple(x.shape[:2]) + (1,) * (x.dim() - 2)
+                else:
+                    shape = tuple(x.shape)
+                self.calls.append((shape, p))
+                return x
+            if self.masks is None:
+                raise NotBatchable("dropout called outside the recorded sequence")
+            try:
+                mask = next(self.masks)
+            except StopIteration:
+                raise NotBatchable("the loss term called dropout more often than when it was recorded") from None
+            return x * mask
+        return forward
+
+    @contextlib.contextmanager
+    def recording(self):
+        self.calls = []
+        try:
+            yield self.calls
+        finally:
+            self.calls = None
+
+    @contextlib.contextmanager
+    def using(self, masks):
+        self.masks = iter(masks)
+        try:
+            yield
+            if next(self.masks, None) is not None:
+                raise NotBatchable("the loss term called dropout less often than when it was recorded")
+        finally:
+            self.masks = None
+
+
+def draw_masks(calls, gens, device) -> list[torch.Tensor]:
+    """Per dropout call, the stacked masks of the clients whose generators are `gens`: for each
+    client, in call order, exactly what `F.dropout` draws (bernoulli(1-p), divided by 1-p)."""
+    per_client = []
+    for g in gens:
+        per_client.append([torch.empty(shape).bernoulli_(1.0 - p, generator=g).div_(1.0 - p) for shape, p in calls])
+    return [torch.stack([pc[j] for pc in per_client]).to(device) for j in range(len(calls))]
+
+
+# ---------------------------------------------------------------- pytrees of tensors
+def _leaves(tree, prefix=()):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _leaves(v, prefix + (k,))
+    elif isinstance(tree, torch.Tensor):
+        yield prefix, tree
+    elif tree is not None:
+        raise NotBatchable(f"aux entry {'.'.join(map(str, prefix))} is a {type(tree).__name__}, not a tensor")
+
+
+def _signature(tree, rows: bool = False) -> tuple:
+    """Structure, shapes and dtypes of a nested dict of tensors (`rows`: shapes without dim 0)."""
+    return tuple((p, tuple(t.shape[1:] if rows else t.shape), t.dtype) for p, t in _leaves(tree))
+
+
+def _same(ts) -> bool:
+    t0 = ts[0]
+    return all(t.data_ptr() == t0.data_ptr() and t.shape == t0.shape and t.stride() == t0.stride()
+               and t.dtype == t0.dtype and t.device == t0.device for t in ts[1:])
+
+
+def _stack_tree(trees, device, share: bool = True):
+    """Stack the same-structured nested dicts along a new dim 0. Returns (tree, in_dims): a leaf
+    that is the very same tensor for every client (e.g. FedProx's anchor, the global model) is
+    passed once, unbatched (in_dims None)."""
+    t0 = trees[0]
+    if isinstance(t0, dict):
+        out, dims = {}, {}
+        for k in t0:
+            out[k], dims[k] = _stack_tree([t[k] for t in trees], device, share)
+        return out, dims
+    if share and _same(trees):
+        return t0.detach().to(device), None
+    return torch.stack([t.detach().to(device) for t in trees]), 0
+
+
+def _take(tree, dims, sel):
+    """Rows `sel` (a slice or an index tensor) of the batched leaves of a stacked tree."""
+    if isinstance(tree, dict):
+        return {k: _take(v, dims[k], sel) for k, v in tree.items()}
+    if dims is None:
+        return tree
+    return tree[sel] if isinstance(sel, slice) else tree.index_select(0, sel)
+
+
+def _pad_rows(ts, device) -> torch.Tensor:
+    n = max(len(t) for t in ts)
+    out = torch.zeros((len(ts), n) + tuple(ts[0].shape[1:]), dtype=ts[0].dtype, device=device)
+    for i, t in enumerate(ts):
+        out[i, :len(t)] = t.to(device)
+    return out
+
+
+# ---------------------------------------------------------------- the primitive, for many clients
+def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch.Tensor,
+                     index: list[torch.Tensor], *, epochs: int, batch_size: int, lr: float,
+                     momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
+                     loss=ce_loss, trainable=None, seeds: list[int], steps: int | None = None,
+                     aux: list[dict] | None = None, per_sample: list[dict] | None = None) -> list[tuple[dict, TrainStats]]:
+    """`engine.local_train` for C clients at once (see the module docstring).
+
+    `module` gives the architecture only (its own weights are not used or changed); client i
+    starts from `starts[i]` (a state dict), trains on rows `index[i]` of (`x`, `y`) with seed
+    `seeds[i]`, and receives `aux[i]` (plus its rows of `per_sample[i]`) in the loss term.
+    Returns, per client, its final state dict (views into the stacked tensors: clone what you keep)
+    and its TrainStats."""
+    if not is_batchable(loss):
+        raise NotBatchable("the loss term is not batchable (see engine.batchable)")
+    C = len(starts)
+    dev = x.device
+    aux = aux if aux is not None else [{} for _ in range(C)]
+    per_sample = per_sample if per_sample is not None else [{} for _ in range(C)]
+    names_p = [n for n, _ in module.named_parameters()]
+    names_b = [n for n, _ in module.named_buffers()]
+    keys = list(module.state_dict().keys())
+    train_names = [n for n in names_p if trainable is None or trainable(n)]
+    frozen_names = [n for n in names_p if not (trainable is None or trainable(n))]
+
+    # ---- schedule: per client, the batches local_train would take, in the same order
+    B = batch_size
+    n = [int(len(ix)) for ix in index]
+    spe = [math.ceil(m / B) for m in n]
+    T = [0 if m == 0 else (steps if steps is not None else epochs * s) for m, s in zip(n, spe)]
+    order = sorted(range(C), key=lambda i: -T[i])     # stable: still-training clients form a prefix
+    rank = {i: r for r, i in enumerate(order)}
+    Tmax = max(T) if T else 0
+    idx_all = torch.zeros((C, max(Tmax, 1), B), dtype=torch.long)
+    loc_all = torch.zeros_like(idx_all)
+    bsz = np.zeros((C, max(Tmax, 1)), dtype=np.int64)
+    for r, i in enumerate(order):
+        if T[i] == 0:
+            continue
+        gen = torch.Generator().manual_seed(seeds[i])
+        rows = index[i].cpu()
+        sizes = np.full(spe[i], B, dtype=np.int64)
+        sizes[-1] = n[i] - (spe[i] - 1) * B
+        for e in range(math.ceil(T[i] / spe[i])):
+            perm = torch.randperm(n[i], generator=gen)
+            t0, m = e * spe[i], min(spe[i], T[i] - e * spe[i])
+            padded = torch.cat([perm, perm.new_zeros(spe[i] * B - n[i])]).view(spe[i], B)
+            loc_all[r, t0:t0 + m] = padded[:m]
+            idx_all[r, t0:t0 + m] = rows[padded[:m]]
+            bsz[r, t0:t0 + m] = sizes[:m]
+    idx_all = idx_all.to(dev)
+    active = (np.array(T)[None, :] > np.arange(Tmax)[:, None]).sum(1)   # clients still training at step t
+
+    # ---- stacked state (in `order`)
+    st = [starts[i] for i in order]
+    P = {nm: torch.stack([s[nm].detach().to(dev) for s in st]).contiguous() for nm in train_names}
+    FZ, fz_dims = _stack_tree([{nm: s[nm] for nm in frozen_names} for s in st], dev)
+    BUF = {nm: torch.stack([s[nm].detach().to(dev) for s in st]).contiguous() for nm in names_b}
+    MOM = {nm: torch.zeros_like(t) for nm, t in P.items()} if momentum else {}
+    AUX, aux_dims = _stack_tree([aux[i] for i in order], dev)
+    ps_names = list(per_sample[0])
+    PS = {nm: _pad_rows([per_sample[i][nm] for i in order], dev) for nm in ps_names}
+    loc_dev = loc_all.to(dev) if ps_names else None
+    tot = torch.zeros(C, dtype=torch.float64, device=dev)
+    cnt = np.zeros(C, dtype=np.int64)
+
+    # ---- one step of one client, vmapped over clients
+    drops = _Dropouts(module)
+
+    def client_step(tp, fz, bufs, ax, xb, yb, masks):
+        def f(tp, bufs):
+            params = {nm: (tp[nm] if nm in tp else fz[nm]) for nm in names_p}
+            with drops.using(masks):
+                return loss(ModelView(module, params, bufs), xb, yb, ax)
+        return grad_and_value(f)(tp, bufs)
+
+    ax_dims = {**aux_dims, **{nm: 0 for nm in ps_names}}
+    step = vmap(client_step, in_dims=(0, fz_dims, 0, ax_dims, 0, 0, 0), randomness="error")
+    calls_for: dict[int, list] = {}
+    gens = [torch.Generator().manual_seed(seeds[i]) for i in order] if drops.layers else None
+
+    def record_calls(b: int):
+        """The dropout draws of one step at batch size b (a no-grad dry run of the first client)."""
+        if not drops.layers:
+            return []
+        r0 = 0
+        params = {nm: (P[nm][r0] if nm in P else _row(FZ[nm], fz_dims[nm], r0)) for nm in names_p}
+        bufs = {nm: t[r0].clone() for nm, t in BUF.items()}
+        ax = {**_row(AUX, aux_dims, r0), **{nm: PS[nm][r0, :b] for nm in ps_names}}
+        i0 = idx_all[r0, 0, :b]
+        with torch.no_grad(), drops.recording() as calls:
+            loss(ModelView(module, params, bufs), x[i0], y[i0], ax)
+        return calls
+
+    was_training = [m.training for m in module.modules()]
+    module.train()
+    bad = torch.zeros((), dtype=torch.bool, device=dev)
+    try:
+        with drops.installed():
+            for t in range(Tmax):
+                A = int(active[t])
+                sizes = bsz[:A, t]
+                if (sizes == sizes[0]).all():
+                    groups = [(int(sizes[0]), None)]
+                else:
+                    groups = [(int(b), np.flatnonzero(sizes == b)) for b in np.unique(sizes)]
+                parts = []
+                for b, pos in groups:
+                    sel = slice(0, A) if pos is None else torch.as_tensor(pos, device=dev)
+                    take = (lambda tt: tt[:A]) if pos is None else (lambda tt: tt.index_select(0, sel))
+                    tp = {nm: take(tt) for nm, tt in P.items()}
+                    bufs = {nm: take(tt) for nm, tt in BUF.items()}
+                    fz = _take(FZ, fz_dims, sel)
+                    ax = _take(AUX, aux_dims, sel)
+                    bidx = take(idx_all[:, t, :b])
+                    if ps_names:
+                        lidx = take(loc_dev[:, t, :b])
+                        rows = torch.arange(A, device=dev)[:, None] if pos is None else sel[:, None]
+                        ax = {**ax, **{nm: PS[nm][rows, lidx] for nm in ps_names}}
+                    if drops.layers:
+                        if b not in calls_for:
+                            calls_for[b] = record_calls(b)
+                        who = range(A) if pos is None else pos
+                        masks = draw_masks(calls_for[b], [gens[r] for r in who], dev)
+                    else:
+                        masks = []
+                    try:
+                        g, v = step(tp, fz, bufs, ax, x[bidx], y[bidx], masks)
+                    except RuntimeError as e:
+                        if "randomness" in str(e) and t == 0:
+                            raise NotBatchable(f"the loss term draws random numbers the batched engine cannot "
+                                               f"reproduce per client: {e}") from e
+                        raise
+                    if pos is not None:           # gathered copies: BN statistics go back to the stack
+                        for nm, tt in BUF.items():
+                            tt.index_copy_(0, sel, bufs[nm])
+                    parts.append((pos, sel, b, g, v))
+                # gradients of the whole active prefix
+                if len(parts) == 1:
+                    G, vals = parts[0][3], parts[0][4]
+                else:
+                    G = {nm: torch.empty((A,) + tuple(tt.shape[1:]), dtype=tt.dtype, device=dev) for nm, tt in P.items()}
+                    vals = torch.empty(A, dtype=parts[0][4].dtype, device=dev)
+                    for pos, sel, b, g, v in parts:
+                        for nm in G:
+                            G[nm].index_copy_(0, sel, g[nm])
+                        vals.index_copy_(0, sel, v)
+                nb = torch.as_tensor(sizes, dtype=torch.float64, device=dev)
+                if dev.type == "cpu":
+                    if not bool(torch.isfinite(vals).all()):
+                        r = int(torch.nonzero(~torch.isfinite(vals))[0])
+                        raise Divergence(f"loss became {vals[r].item()} at local step {t} of the client at "
+                                         f"position {order[r]} of this batch of clients: the run diverged "
+                                         f"(lower the learning rate, or check the loss term)")
+                else:
+                    bad |= ~torch.isfinite(vals).all()
+                tot[:A] += vals.double() * nb
+                cnt[:A] += sizes
+                if grad_clip > 0:
+                    norms = torch.stack([torch.linalg.vector_norm(G[nm].reshape(A, -1), 2, dim=1) for nm in G], 1)
+                    total = torch.linalg.vector_norm(norms, 2, dim=1)
+                    coef = torch.clamp(grad_clip / (total + 1e-6), max=1.0)
+                    for nm in G:
+                        G[nm].mul_(coef.view((A,) + (1,) * (G[nm].dim() - 1)))
+                for nm, p in P.items():
+                    d = G[nm]
+                    if weight_decay != 0:
+                        d = d.add_(p[:A], alpha=weight_decay)
+                    if momentum != 0:
+                        buf = MOM[nm][:A]
+                        if t == 0:
+                            buf.copy_(d)
+                        else:
+                            buf.mul_(momentum).add_(d)
+                        d = buf
+                    p[:A].add_(d, alpha=-lr)
+    finally:
+        for m, w in zip(module.modules(), was_training):
+            m.training = w
+    if dev.type != "cpu" and bool(bad):
+        raise Divergence("a loss became non-finite during batched local training: the run diverged "
+                         "(lower the learning rate, or check the loss term)")
+
+    out = []
+    tot_cpu = tot.cpu().tolist()
+    for i in range(C):
+        r = rank[i]
+        state = {}
+        for nm in keys:
+            if nm in P:
+                state[nm] = P[nm][r]
+            elif nm in BUF:
+                state[nm] = BUF[nm][r]
+            else:
+                state[nm] = _row(FZ[nm], fz_dims[nm], r)
+        c = int(cnt[r])
+        out.append((state, TrainStats(tot_cpu[r] / max(c, 1), T[i], c)))
+    return out
+
+
+def _row(tree, dims, r: int):
+    """Client r's values of a stacked tree (shared leaves as they are)."""
+    if isinstance(tree, dict):
+        return {k: _row(v, dims[k], r) for k, v in tree.items()}
+    return tree if dims is None else tree[r]
+
+
+# ---------------------------------------------------------------- memory
+def client_bytes(module: nn.Module, plan: Plan, batch_size: int, x: torch.Tensor, y: torch.Tensor,
+                 rows: torch.Tensor) -> dict:
+    """Estimated bytes one client adds to a chunk: stacked trainable weights x 4 (weights, gradients,
+    momentum, the transforms' temporaries), frozen weights, buffers x 2, its aux and per-sample
+    tensors, its schedule, and activations: every module output of one forward of the loss term
+    (student and any teacher), measured on a batch, x 3 (kept for backward, gradients, temporaries)."""
+    names = [n for n, _ in module.named_parameters()]
+    tr = plan.trainable
+    pb = {n: plan.start[n].numel() * plan.start[n].element_size() for n in names}
+    trainable = sum(v for n, v in pb.items() if tr is None or tr(n))
+    frozen = sum(pb.values()) - trainable
+    buffers = sum(plan.start[n].numel() * plan.start[n].element_size() for n, _ in module.named_buffers())
+    aux = sum(t.numel() * t.element_size() for _, t in _leaves(plan.aux))
+    ps = sum(t.numel() * t.element_size() for _, t in _leaves(plan.per_sample))
+    b = int(min(batch_size, max(len(rows), 1)))
+    b = max(b, min(2, len(rows)))
+    act = _activation_bytes(module, plan, x[rows[:b]], y[rows[:b]]) / max(b, 1) * batch_size
+    sample = x[:1].numel() * x.element_size() + 8
+    epochs = plan.epochs or 1
+    schedule = 16 * (epochs * len(rows) + batch_size)
+    parts = {"weights": 4 * trainable + frozen + 2 * buffers, "aux": aux + ps, "activations": 3 * act,
+             "batch": batch_size * sample + schedule}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def _activation_bytes(module, plan, xb, yb) -> int:
+    total = [0]
+
+    def hook(_m, _i, out):
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, torch.Tensor):
+                total[0] += o.numel() * o.element_size()
+    leaves = [m for m in module.modules() if not any(True for _ in m.children())]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    was = [m.training for m in module.modules()]
+    module.train()
+    names_p = {n for n, _ in module.named_parameters()}
+    params = {n: t for n, t in plan.start.items() if n in names_p}
+    bufs = {n: t.clone() for n, t in plan.start.items() if n not in names_p}
+    ax = {**plan.aux, **{k: v[:len(yb)] for k, v in plan.per_sample.items()}}
+    try:
+        with torch.no_grad():
+            loss = plan.loss if is_batchable(plan.loss) else ce_loss
+            loss(ModelView(module, params, bufs), xb, yb, ax)
+    finally:
+        for h in handles:
+            h.remove()
+        for m, w in zip(module.modules(), was):
+            m.training = w
+    return total[0]
+
+
+def chunk_size(need: int, budget_mb: float, n: int) -> int:
+    return max(0, min(n, int(budget_mb * 2**20 // max(need, 1))))
+
+
+def _need(ctx: Context, k: int, plan: Plan) -> dict:
+    return client_bytes(ctx.model(k), plan, ctx.cfg.batch_size, ctx.data.x, ctx.data.y, ctx.data.train[k])
+
+
+def _too_big(ctx: Context, k: int, need: dict) -> str:
+    mb = need["total"] / 2**20
+    return (f"memory_budget_mb={ctx.cfg.memory_budget_mb:g}: one client of model {ctx.arch(k)!r} needs about "
+            f"{mb:.0f} MB in the batched engine (weights/gradients/momentum {need['weights'] / 2**20:.0f} MB, "
+            f"activations at batch_size={ctx.cfg.batch_size} {need['activations'] / 2**20:.0f} MB, aux "
+            f"{need['aux'] / 2**20:.0f} MB); raise memory_budget_mb to at least {math.ceil(mb)}, lower "
+            f"batch_size, or use engine='per_client'")
+
+
+def check_memory(ctx: Context, algo, first: int, server: dict, clients: dict) -> None:
+    """Before round 1 (or the resumed round): with engine='batched', the algorithm must describe
+    its client step as a Plan and one client of every architecture must fit `memory_budget_mb`;
+    otherwise stop now, saying why. With 'auto', such clients are trained per client."""
+    cfg = ctx.cfg
+    if not uses_plans(algo):
+        if cfg.engine == "batched":
+            raise NotBatchable(f"engine='batched': algorithm {cfg.algorithm!r} overrides client_update, so its "
+                               f"clients train one by one; use engine='auto' or 'per_client'")
+        return
+    seen = set()
+    for k in range(ctx.data.n_clients):
+        a = ctx.arch(k)
+        if a in seen:
+            continue
+        seen.add(a)
+        plan = algo.plan(first, k, server, clients.get(k))
+        if cfg.engine == "batched" and not is_batchable(plan.loss):
+            raise NotBatchable(f"engine='batched': algorithm {cfg.algorithm!r} gives an older-form loss term "
+                               f"(not engine.batchable); use engine='auto' or 'per_client'")
+        need = _need(ctx, k, plan)
+        if need["total"] > cfg.memory_budget_mb * 2**20:
+            if cfg.engine == "batched":
+                raise MemoryBudgetError(_too_big(ctx, k, need))
+            warnings.warn(_too_big(ctx, k, need) + " (engine='auto': these clients train one by one)",
+                          stacklevel=2)
+
+
+# ---------------------------------------------------------------- the round loop's batched branch
+def group_key(ctx: Context, k: int, plan: Plan):
+    """Clients with equal keys can be trained together; None: this plan trains per client."""
+    if not is_batchable(plan.loss):
+        return None
+    names = [n for n, _ in ctx.model(k).named_parameters()]
+    tr = None if plan.trainable is None else frozenset(n for n in names if plan.trainable(n))
+    try:
+        return (ctx.arch(k), plan.loss, tr, plan.epochs, plan.lr, plan.steps, plan.purpose,
+                _signature(plan.start), _signature(plan.aux), _signature(plan.per_sample, rows=True))
+    except NotBatchable:
+        return None
+
+
+def batched_round(ctx: Context, algo, rnd: int, selected: list[int], server: dict, clients: dict) -> list:
+    """One round's local updates with batching (`local_round`'s branch for plan-based algorithms):
+    results equal the per-client path's up to float rounding; clients' states are stored in
+    `selected` order, as the per-client loop stores them."""
+    cfg = ctx.cfg
+    plans = {k: algo.plan(rnd, k, server, clients.get(k)) for k in selected}
+    groups: dict = {}
+    singles = []
+    for k in selected:
+        key = group_key(ctx, k, plans[k])
+        if key is None:
+            if cfg.engine == "batched":
+                raise NotBatchable(f"engine='batched': client {k}'s loss term is not batchable")
+            singles.append(k)
+        else:
+            groups.setdefault(key, []).append(k)
+    results = {}
+    for ks in groups.values():
+        if len(ks) == 1 and cfg.engine == "auto":
+            singles += ks
+            continue
+        need = _need(ctx, ks[0], plans[ks[0]])
+        size = chunk_size(need["total"], cfg.memory_budget_mb, len(ks))
+        if size < 1:
+            if cfg.engine == "batched":
+                raise MemoryBudgetError(_too_big(ctx, ks[0], need))
+            singles += ks
+            continue
+        for i in range(0, len(ks), size):
+            chunk = ks[i:i + size]
+            try:
+                outs = _train_chunk(ctx, rnd, chunk, [plans[k] for k in chunk])
+            except NotBatchable:
+                if cfg.engine == "batched":
+                    raise
+                singles += chunk
+                continue
+            for k, (state, stats) in zip(chunk, outs):
+                results[k] = algo.finish(rnd, k, server, clients.get(k), state, stats)
+            del outs
+    for k in singles:                    # the per-client path, as Algorithm.client_update runs it
+        plan = plans[k]
+        net = ctx.model(k, plan.start)
+        stats = ctx.train_plan(net, k, rnd, plan)
+        results[k] = algo.finish(rnd, k, server, clients.get(k), net.state_dict(), stats)
+    updates = []
+    for k in selected:
+        up, new_state = results[k]
+        if new_state is not None:
+            clients[k] = new_state
+        updates.append(up)
+    return updates
+
+
+def _train_chunk(ctx: Context, rnd: int, ks: list[int], plans: list[Plan]):
+    c = ctx.cfg
+    p0 = plans[0]
+    return local_train_many(
+        ctx.model(ks[0]), [p.start for p in plans], ctx.data.x, ctx.data.y, [ctx.data.train[k] for k in ks],
+        epochs=c.local_epochs if p0.epochs is None else p0.epochs, batch_size=c.batch_size,
+        lr=c.lr if p0.lr is None else p0.lr, momentum=c.momentum, weight_decay=c.weight_decay,
+        grad_clip=c.grad_clip, loss=p0.loss, trainable=p0.trainable,
+        seeds=[derive_seed(c.seed, rnd, k, p0.purpose) for k in ks], steps=p0.steps,
+        aux=[p.aux for p in plans], per_sample=[p.per_sample for p in plans])

@@ -1,0 +1,93 @@
+"""What every table/figure notebook does, so notebooks stay three cells: params, run, render.
+
+    E = Experiment("pfedsd_table2", profile, overrides, out_dir)   # profile + grid, validated
+    results = E.run(progress)                                       # content-addressed, resumable
+    E.table(report.compare(E.tidy(results), E.paper()), "Table 2")  # beside the paper, with banner
+    E.figure(fig, "curves")
+    E.finish(results)                                               # runs.csv + provenance.json
+
+Outputs: results/<name>/{<stem>.md, <stem>.csv, runs.csv, provenance.json}, figures/<name>/*.png
+(or everything under `out_dir` for a sweep point).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from . import experiments, report
+
+
+class Experiment:
+    def __init__(self, name: str, profile: str | None = None, overrides: dict | None = None,
+                 out_dir: str | None = None, verbose: bool = True):
+        self.name = name
+        self.P = experiments.load_profile(name, profile, overrides)
+        self.profile = self.P["profile"]
+        self.metric = self.P.get("metric", "pm_acc_mean")
+        self.res_dir, self.fig_dir, self.store = experiments.output_dirs(name, out_dir)
+        self.configs = experiments.grid(self.P)  # every config validated before anything runs
+        self.datasets = sorted({c.dataset for c in self.configs.values()})
+        self.banner = report.banner(self.profile, ",".join(self.datasets), seeds=self.P["seeds"])
+        self.results: dict = {}
+        if verbose:
+            print(f"{name}: profile={self.profile}, {len(self.configs)} runs, store {self.store}")
+
+    # ---- run
+    def run(self, progress: bool = True) -> dict:
+        self.results = experiments.run_grid(self.configs, root=self.store, progress=progress)
+        return self.results
+
+    # ---- data for rendering
+    def tidy(self, results: dict | None = None) -> pd.DataFrame:
+        return report.tidy(results if results is not None else self.results, self.metric)
+
+    def paper(self, name: str | None = None) -> pd.DataFrame:
+        return report.paper_table(name or self.P["paper_table"])
+
+    # ---- outputs
+    def table(self, df: pd.DataFrame, title: str, stem: str = "table", note: str = "", digits: int = 2) -> str:
+        """Write <stem>.md (banner + table + paper source) and <stem>.csv; return the markdown."""
+        md = report.to_markdown(df, title, self.banner, digits=digits)
+        if self.P.get("paper_table"):
+            md += "\nPaper column: " + report.paper_source(self.P["paper_table"]) + "\n"
+        if note:
+            md += "\n" + note.strip() + "\n"
+        (self.res_dir / f"{stem}.md").write_text(md)
+        df.to_csv(self.res_dir / f"{stem}.csv", index=False)
+        _display_markdown(md)
+        return md
+
+    def figure(self, fig, stem: str) -> Path:
+        """Save a figure as figures/<name>/<stem>.png, its title line carrying the banner."""
+        if getattr(fig, "_suptitle", None) is None:
+            fig.suptitle(self.banner, y=1.02, fontsize=8)
+        return report.save(fig, self.fig_dir / f"{stem}.png")
+
+    def finish(self, results: dict | None = None) -> dict:
+        """runs.csv (one row per run) and provenance.json (profile, banner, every run's origin)."""
+        results = results if results is not None else self.results
+        if results:
+            self.tidy(results).to_csv(self.res_dir / "runs.csv", index=False)
+        prov = {"notebook": self.name, "profile": self.profile, "banner": self.banner,
+                "runs": {"/".join(map(str, k)): {"path": str(r.path.name),
+                                                  **{x: r.provenance.get(x) for x in (
+                                                      "config_sha256", "code_sha256", "seed", "dataset",
+                                                      "dataset_source", "device", "wall_seconds", "git", "torch")}}
+                         for k, r in results.items()}}
+        (self.res_dir / "provenance.json").write_text(json.dumps(prov, indent=2))
+        print(json.dumps({k: prov[k] for k in ("notebook", "profile", "banner")}, indent=2))
+        return prov
+
+
+def _display_markdown(md: str) -> None:
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+        if get_ipython() is not None:
+            display(Markdown(md))
+            return
+    except ImportError:
+        pass
+    print(md)
