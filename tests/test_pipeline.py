@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pflrepro import experiments
-from pflrepro.runs import REPO_ROOT, run
+from pflrepro.runs import REPO_ROOT, build_partition, run
 from tests.conftest import FMNIST_AVAILABLE
 
 PARAM_FILES = sorted(p.stem for p in (REPO_ROOT / "params").glob("*.yaml"))
@@ -23,19 +23,69 @@ def test_every_file_has_three_valid_profiles(name):
 
 
 def _paper_configs():
+    """Every distinct paper-profile config of every params file (seeds and configs shared between
+    files, e.g. Table 5 rendering Table 2's runs, counted once). All of them are validated by
+    test_every_file_has_three_valid_profiles."""
+    seen = {}
     for name in PARAM_FILES:
-        seen = set()
         for (method, setting, seed), cfg in experiments.grid(experiments.load_profile(name, "paper")).items():
-            if (method, setting) not in seen:
-                seen.add((method, setting))
-                yield pytest.param(cfg, id=f"{name}:{method}:{setting}")
+            seen.setdefault(cfg.replace(seed=0).key(), (f"{name}:{method}:{setting}", cfg))
+    return list(seen.values())
 
 
-@pytest.mark.parametrize("cfg", list(_paper_configs()))
+def _distinct(key):
+    out = {}
+    for ident, cfg in _paper_configs():
+        out.setdefault(key(cfg), (ident, cfg))
+    return [pytest.param(cfg, id=ident) for ident, cfg in out.values()]
+
+
+def _code_path(cfg):
+    """What decides which code a run executes: architecture(s) (their names fix the input shape and
+    classes), algorithm and its non-numeric switches (numeric hyperparameters, lr, participation, alpha,
+    clients, epochs only change values; partitions and dataset shapes are covered by the tests below)."""
+    hp = tuple(sorted((k, v) for k, v in cfg.hparams.items() if isinstance(v, (str, bool)) or v == 0))
+    return (cfg.model, tuple(cfg.models or ()), cfg.algorithm, hp)
+
+
+def _partition(cfg):
+    return (cfg.dataset, cfg.pool, cfg.subsample, cfg.partition, json.dumps(cfg.partition_params, sort_keys=True),
+            cfg.n_clients, cfg.split, json.dumps(cfg.split_params, sort_keys=True))
+
+
+def test_paper_config_counts():
+    """The start tests below cover every partition and every code path of the paper profiles."""
+    configs = _paper_configs()
+    assert len(configs) > 100
+    assert len(_distinct(_code_path)) < len(configs)  # grouping only ever merges
+
+
+@pytest.mark.parametrize("cfg", _distinct(_partition))
+def test_paper_partition_builds_on_standin(cfg):
+    """Every paper-profile partition (exact clients, pool size, rule, split) on the shape-identical stand-in."""
+    split = build_partition(cfg.replace(dataset=f"fake-{cfg.dataset}"))
+    assert len(split["train"]) == cfg.n_clients and all(len(t) > 0 for t in split["train"])
+
+
+@pytest.mark.parametrize("cfg", _distinct(lambda c: (c.dataset, c.model, tuple(c.models or ()))))
+def test_paper_models_run_on_standin_shapes(cfg):
+    """Every (dataset, architecture) pair of the paper profiles: a stand-in batch gives one logit per class."""
+    import torch
+    from pflrepro.data import load_dataset
+    from pflrepro.models import build_model
+    raw = load_dataset(f"fake-{cfg.dataset}")
+    x = raw.x_train[:4].float()
+    for name in (cfg.model, *(cfg.models or ())):
+        net = build_model(name, x.shape[1], raw.spec.num_classes, x.shape[-1])
+        assert net(x).shape == (4, raw.spec.num_classes), name
+
+
+@pytest.mark.parametrize("cfg", _distinct(_code_path))
 def test_paper_config_starts_on_standin(cfg, tmp_path):
-    """The paper profile's exact settings (model, clients, partition, epochs, batch) run one round
-    on the shape-identical stand-in; only the number of samples is cut so it takes seconds."""
-    fake = cfg.replace(dataset=f"fake-{cfg.dataset}", rounds=1, subsample=min(cfg.subsample, 0.01))
+    """Every code path of the paper profiles (dataset shapes, model(s), algorithm and variant, batch
+    size, clients, partition rule) runs one round on the stand-in; samples and local epochs are cut
+    (1% of the pool, one epoch) so that it takes seconds."""
+    fake = cfg.replace(dataset=f"fake-{cfg.dataset}", rounds=1, subsample=min(cfg.subsample, 0.01), local_epochs=1)
     res = run(fake, root=tmp_path, progress=False)
     assert len(res.history) == 1 and res.history[0]["round"] == 1
     assert res.history[0]["train_loss"] == res.history[0]["train_loss"]  # not NaN

@@ -1,0 +1,287 @@
+"""Write the table/figure notebooks (committed without outputs; `dvc repro` executes them).
+
+Each notebook is three parts: a papermill `parameters` cell, `Experiment(...)` + `run`, and the
+render cells below. Edit the render code here, rerun `python scripts/make_notebooks.py`, commit.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PARAMS = '''# Parameters (papermill injects overrides after this cell)
+profile = None        # None: the profile set in params/{name}.yaml; or smoke, mini, paper
+overrides = {{}}        # merged into the profile, e.g. {{"base": {{"lr": 0.05}}}} for a sweep point
+out_dir = None        # None: results/{name} and figures/{name}; set it for sweeps
+progress = True'''
+
+SETUP = '''import pandas as pd
+from pflrepro import report
+from pflrepro.notebook import Experiment
+
+E = Experiment("{name}", profile, overrides, out_dir)'''
+
+RUN = "results = E.run(progress)   # stored runs are loaded, missing ones trained (resumable)"
+
+ACCURACY_TABLE = '''table = report.compare_table(E.tidy(), E.paper())
+E.table(table, "{title} (personalized accuracy %, best round ± std over seeds; last10 = mean of the last 10 evaluations)")
+E.table(report.wide(table), "{title}: reproduced ± std (paper)", stem="table_wide")
+E.figure(report.plot_vs_paper(table, E.banner), "vs_paper")'''
+
+FINISH = "E.finish()"
+NO_RUN = {"pfedsd_fig5", "pfedsd_table10", "pfedsd_table11"}  # no accuracy runs: partition / cost measurements
+
+NOTEBOOKS = {
+    "pfedsd_table2": ("pFedSD Table 2: personalized accuracy, Dirichlet α = 0.1",
+                      "Seven methods at two scales (K=20, r=100%; K=100, r=10%). The same runs feed Tables 4, 5 and Figs. 6, 7.",
+                      [ACCURACY_TABLE.format(title="Table 2")]),
+    "pfedsd_table3": ("pFedSD Table 3: personalized accuracy, pathological non-IID (s shards per client)",
+                      "s = 2 for Fashion-MNIST and CIFAR-10, s = 20 for CIFAR-100 (McMahan shards).",
+                      [ACCURACY_TABLE.format(title="Table 3")]),
+    "pfedsd_table4": ("pFedSD Table 4: rounds pFedSD needs to reach FedPer's final accuracy",
+                      "K=100, r=10%, Dirichlet 0.1. Read from Table 2's runs (nothing is retrained).",
+                      ['''curves = report.curves(results, E.metric)
+curves = curves[curves.setting == E.P["scale"]]
+r2r = report.rounds_to_reach(curves, E.P["reference"], E.P["method"], E.metric)
+r2r["dataset"] = r2r["setting"].map(dict(zip(curves.setting, curves.dataset)))
+summary = r2r.groupby("dataset", as_index=False).agg(target_round=("target_round", "first"),
+                                                       fedper_acc=("target_acc", "mean"),
+                                                       rounds=("rounds", "mean"), speedup=("speedup", "mean"))
+paper = E.paper().query("method == @E.P['method']").rename(columns={"value": "paper_rounds", "speedup": "paper_speedup"})
+table = summary.merge(paper[["dataset", "paper_rounds", "paper_speedup"]], on="dataset", how="left")
+E.table(table, f"Table 4: rounds {E.P['method']} needs to reach {E.P['reference']}'s accuracy at its last round",
+        note="The paper's target is FedPer after 100 rounds; a profile with fewer rounds uses its own last round. "
+             "NaN: never reached within the run.")
+E.table(r2r, "Table 4, per seed", stem="per_seed")''']),
+    "pfedsd_table5": ("pFedSD Table 5: mean and standard deviation of accuracy across clients",
+                      "100-client scenario. Read from Table 2's runs (nothing is retrained).",
+                      ['''clients = report.client_accuracies(results, "best", E.metric)
+clients = clients[(clients.setting == E.P["scale"]) & clients.method.isin(E.P["methods_shown"])]
+sp = report.spread(clients)
+paper = E.paper().rename(columns={"value": "paper_mean", "std": "paper_std_across_clients"})
+table = sp.rename(columns={"mean": "mean", "std": "std_across_clients"}).merge(
+    paper, on=["dataset", "method"], how="left")
+table["diff_mean"] = table["mean"] - table["paper_mean"]
+table["diff_std"] = table["std_across_clients"] - table["paper_std_across_clients"]
+E.table(table, "Table 5: personalized accuracy across clients at each run's best round (mean, std across clients; averaged over seeds)")''']),
+    "pfedsd_fig2": ("pFedSD Fig. 2: the received global model forgets what the local model knew",
+                    "FedAvg on 100 non-IID clients. On each client's local test set: the global model it is about to "
+                    "receive vs its own model from the last round it trained. Both curves come from identical training "
+                    "(`fedavg_last_local` only scores differently).",
+                    ['''curves = report.curves(results, E.metric)
+curves["model"] = curves.method.map({"fedavg": "received global model", "fedavg_last_local": "last local model"})
+import seaborn as sns
+sns.set_theme(style="whitegrid")
+g = sns.relplot(data=curves, x="round", y=E.metric, hue="model", col="panel", kind="line", errorbar="sd",
+                height=3.6, aspect=1.3, facet_kws={"sharey": False})
+g.set_axis_labels("communication round", "accuracy on local test sets (%)")
+E.figure(g.figure, "forgetting")
+gap = curves.pivot_table(index=["panel", "seed", "round"], columns="model", values=E.metric).reset_index()
+gap["gap"] = gap["last local model"] - gap["received global model"]
+table = gap.groupby("panel", as_index=False)[["received global model", "last local model", "gap"]].mean()
+E.table(table, "Fig. 2: mean over rounds of the accuracy on clients' local test sets (%)",
+        note="The paper shows this as a figure only (no numbers to compare); its claim is the sign of the gap.")''']),
+    "pfedsd_fig5": ("pFedSD Fig. 5: how each class's samples scatter over 20 clients",
+                    "Balanced Dirichlet α = 0.1; dot area ∝ number of samples of a class on a client. No training.",
+                    ['''cfg = next(iter(E.configs.values()))
+E.figure(report.partition_figure(cfg), "partition")
+from pflrepro.runs import build_partition
+split = build_partition(cfg)
+sizes = [len(t) for t in split["train"]]
+print(f"train samples per client: min {min(sizes)}, max {max(sizes)}, total {sum(sizes)}")''']),
+    "pfedsd_fig6": ("pFedSD Fig. 6: personalized accuracy per round (std bands over seeds)",
+                    "Top: K=20, r=100%. Bottom: K=100, r=10%. Read from Table 2's runs (nothing is retrained).",
+                    ['''curves = report.curves(results, E.metric)
+E.figure(report.plot_curves(curves, E.metric, title=E.banner, ylabel="personalized accuracy (%)"), "learning_curves")
+last = curves.groupby(["panel", "method", "seed"]).apply(lambda g: g.sort_values("round")[E.metric].iloc[-1]).rename("final")
+E.table(last.groupby(["panel", "method"]).agg(["mean", "std"]).reset_index(), "Fig. 6: final-round accuracy (%)")''']),
+    "pfedsd_fig7": ("pFedSD Fig. 7: distribution of accuracy across clients",
+                    "100-client scenario, each run at its best round. Read from Table 2's runs (nothing is retrained).",
+                    ['''clients = report.client_accuracies(results, "best", E.metric)
+clients = clients[(clients.setting == E.P["scale"]) & clients.method.isin(E.P["methods_shown"])]
+E.figure(report.plot_client_distribution(clients, E.banner), "client_accuracy")
+E.table(clients.groupby(["dataset", "method"])["accuracy"].describe().reset_index(), "Fig. 7: per-client accuracy quantiles (%)")''']),
+    "pfedsd_table6": ("pFedSD Table 6: participation ratio r ∈ {20%, 60%, 100%}",
+                      "The paper runs CIFAR-100 (K=20); `mini` runs Fashion-MNIST: compare trends across r, not values.",
+                      [ACCURACY_TABLE.format(title="Table 6")]),
+    "pfedsd_table7": ("pFedSD Table 7: data heterogeneity, Dirichlet α ∈ {0.01, 0.1, 1}",
+                      "The paper runs CIFAR-100 (K=20, r=60%); `mini` runs Fashion-MNIST: compare trends across α.",
+                      [ACCURACY_TABLE.format(title="Table 7")]),
+    "pfedsd_table8": ("pFedSD Table 8: ResNet-8 and MobileNetV2",
+                      "The paper runs CIFAR-100; `mini` runs the same architectures on a small Fashion-MNIST sample.",
+                      [ACCURACY_TABLE.format(title="Table 8")]),
+    "pfedsd_table9": ("pFedSD Table 9: the regulariser toward the previous personalized model",
+                      "L2 on parameters, EWC (diagonal Fisher of v_k), MSE between logits, KL (pFedSD).",
+                      [ACCURACY_TABLE.format(title="Table 9")]),
+    "pfedsd_fig8": ("pFedSD Fig. 8: effects of λ and τ",
+                    "pFedSD with λ ∈ {0.01, 0.1, 0.5, 1} and τ ∈ {1, 3}. The paper gives a figure only: no numbers to compare.",
+                    ['''runs = E.tidy()
+hp = runs.method.str.extract(r"lam=(?P<lam>[0-9.]+),tau=(?P<tau>[0-9.]+)").astype(float)
+runs = runs.join(hp)
+table = runs.groupby(["dataset", "tau", "lam"], as_index=False).agg(best=("best", "mean"), best_std=("best", "std"),
+                                                                   last10=("last10", "mean"))
+E.table(table, "Fig. 8: pFedSD accuracy (%) over λ and τ (best round; mean over seeds)")
+import seaborn as sns
+sns.set_theme(style="whitegrid")
+g = sns.catplot(data=runs, x="lam", y="best", hue="tau", col="dataset", kind="point", errorbar="sd",
+                height=3.4, aspect=1.2, sharey=False)
+g.set_axis_labels("λ", "personalized accuracy (%)")
+E.figure(g.figure, "lambda_tau")''']),
+    "pfedsd_table11": ("pFedSD Table 11: communication and computation per client per round",
+                       "Measured, not estimated: bytes each client downloads + uploads, FLOPs of its local training "
+                       "(torch's FLOP counter). Beside them the paper's units: its \"MB\" match millions of parameters "
+                       "exchanged and its \"FLOPs\" pytorch-OpCounter multiply-accumulates (see docs/fidelity.md).",
+                       ['''from pflrepro import cost
+from tqdm.auto import tqdm
+rows = [{"method": m, "setting": s, "seed": seed, **cost.measure(cfg)}
+        for (m, s, seed), cfg in tqdm(E.configs.items(), desc="measuring", disable=not progress)]
+costs = pd.DataFrame(rows)
+costs.to_csv(E.res_dir / "costs.csv", index=False)
+paper = E.paper()
+table = costs[["method", "dataset", "mb_per_client", "mparams_per_client", "gflops_per_client", "gmacs_per_client"]].merge(
+    paper, on="method", how="left")
+table["flops_vs_fedavg"] = cost.ratio_to(table, "gmacs_per_client")
+table["paper_flops_vs_fedavg"] = cost.ratio_to(table, "gflops")
+table = table.rename(columns={"comm_mb": "paper_comm_MB", "gflops": "paper_GFLOPs"})
+E.table(table, "Table 11: per client per round, measured (MB = 1e6 bytes as sent; Mparams = what the paper "
+        "calls MB; GMACs = what the paper calls GFLOPs)", digits=3)''']),
+    "pfedsd_table10": ("pFedSD Table 10: time per round, split into communication, client and server",
+                       "Compute and server times are measured on this machine (Table 11's runs); communication comes from "
+                       "the measured bytes and the bandwidth stated in the params file. Absolute seconds depend on the "
+                       "hardware: compare the split and the ratios between methods.",
+                       ['''from pflrepro import cost
+src = E.res_dir.parent / E.P["source"] / "costs.csv"
+if out_dir is None and src.exists():
+    costs = pd.read_csv(src)
+else:  # standalone or a sweep point: measure here
+    costs = pd.DataFrame([{"method": m, **cost.measure(cfg)} for (m, s, seed), cfg in E.configs.items()])
+rt = cost.runtime_model(costs, E.P["bandwidth_mbps"], E.P["parallel_clients"])
+rt["time_vs_fedavg"] = cost.ratio_to(rt, "time_s")
+paper = E.paper().rename(columns={"time_s": "paper_time_s", "comm_pct": "paper_comm_pct",
+                                  "client_pct": "paper_client_pct", "server_pct": "paper_server_pct"})
+paper["paper_time_vs_fedavg"] = cost.ratio_to(paper, "paper_time_s")
+table = rt[["method", "time_s", "comm_pct", "client_pct", "server_pct", "time_vs_fedavg"]].merge(paper, on="method", how="left")
+E.table(table, f"Table 10: seconds per round at {E.P['bandwidth_mbps']} Mbit/s per client, "
+        f"{'parallel' if E.P['parallel_clients'] else 'sequential'} clients")
+import seaborn as sns
+sns.set_theme(style="whitegrid")
+ax = table.set_index("method")[["comm_pct", "client_pct", "server_pct"]].plot.barh(stacked=True, figsize=(6, 3.5))
+ax.set_xlabel("% of the round (reproduced)")
+E.figure(ax.figure, "time_split")''']),
+    # ---------------------------------------------------------------- DC-PFL (IJCAI 2024)
+    "dcpfl_table1": ("DC-PFL Table 1: homogeneous models (CNN_1), with the ablations",
+                     "Three scales with 10 clients per round: (K=10, 100%), (K=50, 20%), (K=100, 10%). `rank` / "
+                     "`paper_rank`: the ordering of methods within each column.",
+                     [ACCURACY_TABLE.format(title="DC-PFL Table 1")]),
+    "dcpfl_table2": ("DC-PFL Table 2: heterogeneous feature extractors (CNN_1..CNN_5, client k gets k mod 5)",
+                     "Every method here runs through the same round loop with per-client architectures. Methods that "
+                     "average whole models cannot run (marked below, like the paper, which omits FedAvg).",
+                     [ACCURACY_TABLE.format(title="DC-PFL Table 2"),
+                      '''from pflrepro.algorithms import ALGORITHMS
+homogeneous_only = sorted(a for a, c in ALGORITHMS.items() if not c.heterogeneous)
+print("cannot run with heterogeneous models (they average whole models):", ", ".join(homogeneous_only))''']),
+    "dcpfl_table3": ("DC-PFL Table 3: number of generated virtual samples Σ|G_c|",
+                     "DC-PFL with Σ|G_c| ∈ {600, 800, 1000, 2000, 5000} beside FedGH, at the three scales of Table 1.",
+                     [ACCURACY_TABLE.format(title="DC-PFL Table 3")]),
+    "dcpfl_fig2": ("DC-PFL Fig. 2: accuracy against the number of classes per client",
+                   "K=10, all participating. The paper gives a figure only: no numbers to compare; its claim is DC-PFL on "
+                   "top everywhere and accuracy falling as clients hold more classes.",
+                   ['''table = report.compare_table(E.tidy(), None)
+E.table(table, "DC-PFL Fig. 2: personalized accuracy (%) by classes per client")
+E.figure(report.plot_sweep(table, "classes per client", E.banner), "classes")''']),
+    "dcpfl_fig3": ("DC-PFL Fig. 3: accuracy against the client participation rate",
+                   "K=100. The paper gives a figure only: no numbers to compare; its claim is DC-PFL on top at every rate "
+                   "and accuracy falling as the rate grows.",
+                   ['''table = report.compare_table(E.tidy(), None)
+E.table(table, "DC-PFL Fig. 3: personalized accuracy (%) by participation rate")
+E.figure(report.plot_sweep(table, "client participation rate", E.banner), "participation")''']),
+}
+
+
+def cell(kind: str, source: str, tags=None) -> dict:
+    c = {"cell_type": kind, "metadata": {"tags": tags} if tags else {}, "source": source.splitlines(keepends=True)}
+    if kind == "code":
+        c.update(execution_count=None, outputs=[])
+    return c
+
+
+def notebook(name: str, title: str, intro: str, render: list[str]) -> dict:
+    md = (f"# {title}\n\n{intro}\n\nParams in `params/{name}.yaml` (profiles `smoke`, `mini` = the offline default, "
+          f"`paper` = the paper's settings). Run with `dvc repro {name}`, papermill, or here in JupyterLab. "
+          "Every output states its profile, dataset, seeds and commit; paper numbers (from `paper_numbers/`) "
+          "are shown beside the reproduced ones, never used as results.")
+    cells = [cell("markdown", md), cell("code", PARAMS.format(name=name), ["parameters"]),
+             cell("code", SETUP.format(name=name))] + ([] if name in NO_RUN else [cell("code", RUN)])
+    cells += [cell("code", r) for r in render] + [cell("code", FINISH)]
+    return {"cells": cells, "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                                         "language_info": {"name": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+DVC_HEADER = """# Every table and figure, one stage per notebook (generated by scripts/make_notebooks.py: edit there).
+# `dvc repro` runs the profile named in each params file (default: mini, offline Fashion-MNIST). Tables and
+# figures are DVC outputs; the trained runs live in the shared content-addressed store results/runs
+# (key = config + the code it ran), so stages that render the same runs (Table 2 -> Tables 4, 5, Figs. 6, 7)
+# never train twice and a changed parameter only reruns the runs it changes.
+"""
+
+FIXED_STAGES = {
+    "data": {  # Fashion-MNIST as a tensor cache (checked: decoded-content sha256, shapes, counts)
+        "cmd": "mkdir -p results/data && python -m pflrepro data fmnist --save data/fmnist.pt > results/data/fmnist.json",
+        "deps": ["pflrepro/data.py"],
+        "outs": ["data/fmnist.pt", "results/data/fmnist.json"],
+    },
+}
+
+
+def _params_chain(name: str) -> list[str]:
+    import yaml
+    out, cur = [], name
+    while cur:
+        out.append(f"params/{cur}.yaml")
+        doc = yaml.safe_load((ROOT / "params" / f"{cur}.yaml").read_text()) or {}
+        cur = doc.get("inherit") or (doc.get("source") if "profiles" not in doc else None)
+    return out
+
+
+def stage(name: str) -> dict:
+    import yaml
+    doc = yaml.safe_load((ROOT / "params" / f"{name}.yaml").read_text()) or {}
+    chain = _params_chain(name)
+    deps = [f"notebooks/{name}.ipynb", "pflrepro", "data/fmnist.pt"]
+    tables = {doc.get("paper_table")} | {yaml.safe_load((ROOT / p).read_text()).get("paper_table") for p in chain}
+    deps += sorted(f"paper_numbers/{t}.csv" for t in tables if t)
+    if doc.get("source") and "profiles" not in doc:   # rendered from another stage's runs: run after it
+        deps.append(f"results/{doc['source']}")
+    return {"cmd": f"mkdir -p results/{name} && papermill notebooks/{name}.ipynb results/{name}/{name}.ipynb "
+                   "--no-progress-bar -p progress False",
+            "deps": deps, "params": [{p: None} for p in chain], "outs": [f"results/{name}", f"figures/{name}"]}
+
+
+def write_dvc_yaml() -> None:
+    import yaml
+    stages = dict(FIXED_STAGES)
+    for name in ["example", *NOTEBOOKS]:
+        if (ROOT / "notebooks" / f"{name}.ipynb").exists():
+            stages[name] = stage(name)
+    text = yaml.safe_dump({"stages": stages}, sort_keys=False, width=120).replace(": null", ":")
+    (ROOT / "dvc.yaml").write_text(DVC_HEADER + text)
+    print("wrote dvc.yaml", len(stages), "stages")
+
+
+def main(names=None) -> None:
+    for name, (title, intro, render) in NOTEBOOKS.items():
+        if (names and name not in names) or not (ROOT / "params" / f"{name}.yaml").exists():
+            continue
+        nb = notebook(name, title, intro, render)
+        for i, c in enumerate(nb["cells"]):
+            c["id"] = f"{name}-{i}"
+        (ROOT / "notebooks" / f"{name}.ipynb").write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+        print("wrote", f"notebooks/{name}.ipynb")
+    write_dvc_yaml()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,112 @@
+"""Params files: inheritance, per-dataset choices, source files, and the report helpers on hand-made runs."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from pflrepro import experiments, report
+from pflrepro.config import ConfigError
+
+
+@pytest.fixture
+def params_dir(tmp_path, monkeypatch):
+    (tmp_path / "params").mkdir()
+    monkeypatch.setattr(experiments, "REPO_ROOT", tmp_path)
+    return tmp_path / "params"
+
+
+PARENT = """
+profile: mini
+metric: pm_acc_mean
+profiles:
+  mini:
+    seeds: [0, 1]
+    base: {dataset: fmnist, n_clients: 4, rounds: 2, lr: 0.05, partition: iid}
+    methods: {fedavg: {}, fedprox: {}}
+    per_dataset:
+      fmnist: {"*": {model: mlp}, fedprox: {hparams: {mu: 0.001}}}
+      cifar10: {"*": {model: cnn_cifar10}, fedprox: {hparams: {mu: 0.01}}}
+"""
+
+
+def test_inherit_merges_base_and_replaces_settings_methods_seeds(params_dir):
+    (params_dir / "parent.yaml").write_text(PARENT)
+    (params_dir / "child.yaml").write_text("""
+inherit: parent
+paper_table: t
+profiles:
+  mini:
+    seeds: [7]
+    base: {rounds: 3}
+    settings:
+      a: {n_clients: 6}
+      b: {dataset: cifar10, per_method: {fedprox: {hparams: {mu: 0.5}}}}
+""")
+    p = experiments.load_profile("child")
+    assert p["seeds"] == [7] and p["paper_table"] == "t" and p["metric"] == "pm_acc_mean"
+    assert p["base"] == {"dataset": "fmnist", "n_clients": 4, "rounds": 3, "lr": 0.05, "partition": "iid"}
+    g = experiments.grid(p)
+    assert set(g) == {(m, s, 7) for m in ("fedavg", "fedprox") for s in ("a", "b")}
+    a, b = g[("fedprox", "a", 7)], g[("fedprox", "b", 7)]
+    assert (a.model, a.n_clients, a.rounds, a.hparams["mu"]) == ("mlp", 6, 3, 0.001)     # per_dataset fmnist
+    assert (b.model, b.n_clients, b.hparams["mu"]) == ("cnn_cifar10", 4, 0.5)           # setting.per_method wins
+    assert g[("fedavg", "b", 7)].model == "cnn_cifar10"                                  # "*" applies to every method
+
+
+def test_setting_overrides_per_dataset_star(params_dir):
+    (params_dir / "parent.yaml").write_text(PARENT)
+    (params_dir / "c.yaml").write_text("inherit: parent\nprofiles:\n  mini:\n    settings:\n      r: {model: resnet8}\n")
+    assert {c.model for c in experiments.grid(experiments.load_profile("c")).values()} == {"resnet8"}
+
+
+def test_source_file_uses_the_source_profiles(params_dir):
+    (params_dir / "parent.yaml").write_text(PARENT)
+    (params_dir / "view.yaml").write_text("source: parent\nscale: x\n")
+    p = experiments.load_profile("view")
+    assert p["scale"] == "x" and p["source"] == "parent"
+    assert {k: c.key() for k, c in experiments.grid(p).items()} == \
+        {k: c.key() for k, c in experiments.grid(experiments.load_profile("parent")).items()}
+
+
+def test_params_errors_are_clear(params_dir):
+    (params_dir / "a.yaml").write_text("inherit: b\n")
+    (params_dir / "b.yaml").write_text("inherit: a\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        experiments.load_profile("a")
+    (params_dir / "p.yaml").write_text(PARENT)
+    with pytest.raises(ConfigError, match="defines mini"):
+        experiments.load_profile("p", "paper")
+    (params_dir / "bad.yaml").write_text("inherit: p\nprofiles:\n  mini:\n    setings: {}\n")
+    with pytest.raises(ConfigError, match="setings: unknown key"):
+        experiments.load_profile("bad")
+    with pytest.raises(ConfigError, match="does not exist"):
+        experiments.load_profile("nope")
+
+
+def test_rounds_to_reach_hand_made_curves():
+    rows = []
+    for m, accs in {"fedper": [10, 40, 60, 70], "pfedsd": [30, 65, 72, 80]}.items():
+        rows += [{"method": m, "setting": "s", "seed": 0, "round": r + 1, "acc": a} for r, a in enumerate(accs)]
+    out = report.rounds_to_reach(pd.DataFrame(rows), "fedper", "pfedsd", "acc")
+    assert out.loc[0, "target_acc"] == 70 and out.loc[0, "rounds"] == 3 and out.loc[0, "speedup"] == pytest.approx(4 / 3)
+    out = report.rounds_to_reach(pd.DataFrame(rows), "pfedsd", "fedper", "acc")   # never reaches 80
+    assert np.isnan(out.loc[0, "rounds"])
+
+
+def test_spread_is_std_across_clients_then_mean_over_seeds():
+    c = pd.DataFrame({"dataset": "d", "setting": "s", "method": "m", "seed": [0, 0, 1, 1],
+                      "accuracy": [50.0, 70.0, 60.0, 60.0]})
+    out = report.spread(c)
+    assert out.loc[0, "mean"] == 60.0 and out.loc[0, "std"] == pytest.approx((10.0 + 0.0) / 2)
+
+
+def test_paper_setting_strips_dataset_prefix():
+    assert report.paper_setting("fmnist 20 clients", "fmnist") == "20 clients"
+    assert report.paper_setting("r=20%", "fmnist") == "r=20%"
+
+
+def test_switching_partition_rule_drops_the_other_rules_params():
+    from pflrepro.experiments import merge_run
+    base = {"partition": "balanced_dirichlet", "partition_params": {"alpha": 0.1}, "split_params": {"fractions": [0.8, 0.2]}}
+    got = merge_run(base, {"partition": "shards", "partition_params": {"s": 2}})
+    assert got["partition_params"] == {"s": 2} and got["split_params"] == {"fractions": [0.8, 0.2]}
+    assert merge_run(base, {"partition_params": {"min_frac": 0.3}})["partition_params"] == {"alpha": 0.1, "min_frac": 0.3}

@@ -1,0 +1,146 @@
+"""The `paper` profiles say what the papers say: every config of every pFedSD notebook is checked
+against a table of the settings stated in pFedSD Sec. 4.1 (and, where a table restates them, its caption)."""
+import pytest
+
+from pflrepro import experiments
+
+# Sec. 4.1: "We set the learning rate as 0.01 for all methods. We adopt the SGD optimizer with weight decay
+# 1e-5 and momentum 0.9 ... The training batch size on all the tasks is B = 64." "Participating clients execute
+# E = 5 epochs". "We report the results with mean and standard deviation over three different random seeds."
+# "All datasets are split randomly by an 80-20 ratio for training and testing".
+PFEDSD_COMMON = dict(lr=0.01, momentum=0.9, weight_decay=1e-5, batch_size=64, local_epochs=5, pool="train+test",
+                     split="random", subsample=1.0)
+PFEDSD_SEEDS = [0, 1, 2]
+MODEL = {"fmnist": "cnn_fmnist", "cifar10": "cnn_cifar10", "cifar100": "cnn_cifar100"}   # author code's CNNs
+# "K = 20 clients with r = 100% ... K = 100 clients with r = 10% ... T = 50 ... and T = 100"
+SCALE = {"20 clients": (20, 1.0, 50), "100 clients": (100, 0.1, 100)}
+# "The best mu of FedProx for Fashion-MNIST, CIFAR-10, and CIFAR-100 are 0.001, 0.01, 0.001."
+FEDPROX_MU = {"fmnist": 0.001, "cifar10": 0.01, "cifar100": 0.001}
+# "For FedPer, we keep the last two layers as the personalized head for Fashion-MNIST and the last linear layer for CIFAR."
+FEDPER_HEAD = {"fmnist": 2, "cifar10": 1, "cifar100": 1}
+# Tables 2, 3: both scales on the three datasets; Table 3: "s = 2 for CIFAR-10 and Fashion-MNIST, s = 20 for CIFAR-100"
+PATHOLOGICAL_S = {"fmnist": 2, "cifar10": 2, "cifar100": 20}
+ABLATION = (20, 0.6, 50)  # Tables 6 (r varies), 7, 8, 9, Fig. 8: K=20 (Table 6's r=60% column = Table 7's alpha=0.1)
+
+PFEDSD_NOTEBOOKS = ["pfedsd_table2", "pfedsd_table3", "pfedsd_table6", "pfedsd_table7", "pfedsd_table8",
+                    "pfedsd_table9", "pfedsd_fig2", "pfedsd_fig5", "pfedsd_fig8"]
+
+
+def _paper(name):
+    return experiments.grid(experiments.load_profile(name, "paper"))
+
+
+@pytest.mark.parametrize("name", PFEDSD_NOTEBOOKS)
+def test_pfedsd_paper_profile_common_settings(name):
+    configs = _paper(name)
+    assert sorted({seed for (_, _, seed) in configs}) == PFEDSD_SEEDS
+    for key, cfg in configs.items():
+        for field, want in PFEDSD_COMMON.items():
+            assert getattr(cfg, field) == pytest.approx(want), (key, field)
+        assert list(cfg.split_params["fractions"]) == [0.8, 0.2], key
+        if cfg.model not in ("resnet8", "mobilenetv2"):
+            assert cfg.model == MODEL[cfg.dataset], key
+        hp = cfg.hparams
+        if cfg.algorithm == "fedprox":
+            assert hp["mu"] == FEDPROX_MU[cfg.dataset], key
+        if cfg.algorithm == "fedper":
+            assert hp["head_layers"] == (1 if cfg.model in ("resnet8", "mobilenetv2") else FEDPER_HEAD[cfg.dataset]), key
+        if cfg.algorithm == "lg_fedavg":  # "we keep the last two layers as the shared head for all datasets"
+            assert hp["head_layers"] == (1 if cfg.model in ("resnet8", "mobilenetv2") else 2), key
+        if cfg.algorithm == "pfedsd" and name != "pfedsd_fig8":  # lambda in {0.1, 0.5}, tau in {1, 3}: 0.5, 3
+            assert (hp["lam"], hp["tau"]) == (0.5, 3.0), key
+        if cfg.algorithm == "pfedme":  # "the regularization parameter lambda is selected from [15,20,30]"
+            assert hp["lam"] in (15.0, 20.0, 30.0), key
+        if cfg.algorithm == "fedfomo":  # "M = 5, eps-greedy parameter eps = 0.3 with 0.05 decay each round"
+            assert (hp["M"], hp["eps"], hp["eps_decay"]) == (5, 0.3, 0.05), key
+
+
+@pytest.mark.parametrize("name", ["pfedsd_table2", "pfedsd_table3"])
+def test_pfedsd_tables_2_3_scales_and_partitions(name):
+    configs = _paper(name)
+    methods = {m for (m, _, _) in configs}
+    assert methods == {"fedavg", "fedprox", "fedper", "lg_fedavg", "pfedme", "fedfomo", "pfedsd"}  # Table 2's columns
+    cells = {(cfg.dataset, s.split(" ", 1)[1]) for (_, s, _), cfg in configs.items()}
+    assert cells == {(d, sc) for d in MODEL for sc in SCALE}
+    for (m, setting, seed), cfg in configs.items():
+        assert (cfg.n_clients, cfg.participation, cfg.rounds) == SCALE[setting.split(" ", 1)[1]]
+        if name == "pfedsd_table2":
+            assert cfg.partition == "balanced_dirichlet" and cfg.partition_params["alpha"] == 0.1
+        else:
+            assert cfg.partition == "shards" and cfg.partition_params["s"] == PATHOLOGICAL_S[cfg.dataset]
+
+
+def test_pfedsd_ablation_tables():
+    t6 = _paper("pfedsd_table6")
+    assert {(c.dataset, c.n_clients, c.participation, c.rounds) for c in t6.values()} == \
+        {("cifar100", 20, r, 50) for r in (0.2, 0.6, 1.0)}
+    t7 = _paper("pfedsd_table7")
+    assert {(c.dataset, c.partition_params["alpha"]) for c in t7.values()} == {("cifar100", a) for a in (0.01, 0.1, 1.0)}
+    assert {(c.n_clients, c.participation, c.rounds) for c in t7.values()} == {ABLATION}
+    t8 = _paper("pfedsd_table8")
+    assert {(c.dataset, c.model) for c in t8.values()} == {("cifar100", "resnet8"), ("cifar100", "mobilenetv2")}
+    t9 = _paper("pfedsd_table9")
+    assert {c.hparams["reg"] for c in t9.values()} == {"l2", "ewc", "mse", "kl"}
+    assert {c.dataset for c in t9.values()} == set(MODEL)
+    f8 = _paper("pfedsd_fig8")  # "a set of lambda selected from {0.01, 0.1, 0.5, 1} and tau from {1, 3}"
+    assert {(c.hparams["lam"], c.hparams["tau"]) for c in f8.values()} == \
+        {(lam, tau) for lam in (0.01, 0.1, 0.5, 1.0) for tau in (1.0, 3.0)}
+    f2 = _paper("pfedsd_fig2")  # "FedAvg is applied on CIFAR-10 and CIFAR-100 with 100 non-IID clients"
+    assert {(c.dataset, c.n_clients) for c in f2.values()} == {("cifar10", 100), ("cifar100", 100)}
+    f5 = _paper("pfedsd_fig5")  # "among 20 clients on the CIFAR-10 dataset"
+    assert {(c.dataset, c.n_clients, c.partition) for c in f5.values()} == {("cifar10", 20, "balanced_dirichlet")}
+
+
+@pytest.mark.parametrize("name", ["pfedsd_table4", "pfedsd_table5", "pfedsd_fig6", "pfedsd_fig7"])
+def test_rendered_from_table2_runs(name):
+    """Tables 4, 5 and Figs. 6, 7 render Table 2's runs: identical configs in every profile."""
+    for prof in experiments.PROFILES:
+        a = experiments.grid(experiments.load_profile(name, prof))
+        b = experiments.grid(experiments.load_profile("pfedsd_table2", prof))
+        assert {k: c.key() for k, c in a.items()} == {k: c.key() for k, c in b.items()}
+
+
+# ---------------------------------------------------------------- DC-PFL (IJCAI 2024), Sec. 6.1
+# "in CIFAR-10, each client is allocated data from only 2 classes (non-IID: 2/10), while in CIFAR-100, each client
+# receives data from only 10 classes"; "8:1:1 allocation ratio"; "a fixed learning rate of 0.01"; "T is set to 100
+# on CIFAR-10 and to 500 on CIFAR-100"; "the number of participating clients per round is fixed at 10".
+DCPFL_CLASSES = {"cifar10": 2, "cifar100": 10}
+DCPFL_ROUNDS = {"cifar10": 100, "cifar100": 500}
+DCPFL_SCALES = {(10, 1.0), (50, 0.2), (100, 0.1)}
+HETERO = ("cnn1", "cnn2", "cnn3", "cnn4", "cnn5")
+
+
+@pytest.mark.parametrize("name", ["dcpfl_table1", "dcpfl_table2", "dcpfl_table3", "dcpfl_fig2", "dcpfl_fig3"])
+def test_dcpfl_paper_profile_settings(name):
+    configs = _paper(name)
+    for key, cfg in configs.items():
+        assert cfg.dataset in DCPFL_CLASSES and cfg.lr == 0.01, key
+        assert list(cfg.split_params["fractions"]) == [0.8, 0.1, 0.1] and cfg.split == "random", key
+        assert cfg.partition == "classes_uniform_shares", key
+        assert (cfg.partition_params["low"], cfg.partition_params["high"]) == (0.4, 0.6), key   # FedGH's shares
+        assert cfg.rounds == DCPFL_ROUNDS[cfg.dataset], key
+        if name != "dcpfl_fig2":
+            assert cfg.partition_params["classes_per_client"] == DCPFL_CLASSES[cfg.dataset], key
+        if name in ("dcpfl_table1", "dcpfl_table3"):
+            assert (cfg.n_clients, cfg.participation) in DCPFL_SCALES, key
+            assert round(cfg.n_clients * cfg.participation) == 10 and cfg.model == "cnn1" and not cfg.models, key
+        if name == "dcpfl_table2":
+            assert cfg.models == HETERO and cfg.algorithm != "fedavg", key
+        if cfg.algorithm == "dcpfl" and name != "dcpfl_table3":
+            assert cfg.hparams["n_virtual"] == 1000, key   # "we set sum |G_c| = 1,000"
+    if name == "dcpfl_table1":
+        assert {m for (m, _, _) in configs} == {"local", "fedavg", "fml", "fedkd", "lg_fedavg", "fd", "fedproto",
+                                                 "fedgh", "dcpfl", "dcpfl_wo_al", "dcpfl_wo_gc"}
+        assert {(c.hparams["lam"], c.hparams["calibrate"]) for (m, _, _), c in configs.items() if m == "dcpfl_wo_al"} \
+            == {(0.0, True)}
+        assert {c.hparams["calibrate"] for (m, _, _), c in configs.items() if m == "dcpfl_wo_gc"} == {False}
+    if name == "dcpfl_table3":
+        assert {c.hparams["n_virtual"] for c in configs.values() if c.algorithm == "dcpfl"} == {600, 800, 1000, 2000, 5000}
+        assert {c.dataset for c in configs.values()} == {"cifar100"}
+    if name == "dcpfl_fig2":  # "{2, 4, 6, 8, 10} classes" / "{10, 30, 50, 70, 90, 100} classes", K=10, 100%
+        got = {(c.dataset, c.partition_params["classes_per_client"]) for c in configs.values()}
+        assert got == {("cifar10", s) for s in (2, 4, 6, 8, 10)} | {("cifar100", s) for s in (10, 30, 50, 70, 90, 100)}
+        assert {(c.n_clients, c.participation) for c in configs.values()} == {(10, 1.0)}
+    if name == "dcpfl_fig3":  # "|K| = 100 ... {0.1, 0.3, 0.5, 0.7, 0.9, 1}"
+        assert {(c.n_clients, c.participation) for c in configs.values()} == \
+            {(100, r) for r in (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)}

@@ -1,0 +1,29 @@
+"""report.compare: reproduced mean/std over seeds beside the paper, with the difference and both rankings."""
+import math
+
+import pandas as pd
+
+from pflrepro import report
+
+
+def _runs():
+    return pd.DataFrame({"method": ["a", "a", "b", "b"], "setting": ["s"] * 4, "seed": [0, 1, 0, 1],
+                         "best": [80.0, 82.0, 90.0, 90.0], "last10": [79.0, 81.0, 89.0, 89.0]})
+
+
+def test_compare_with_paper_std():
+    paper = pd.DataFrame({"method": ["a", "b"], "setting": ["s", "s"], "value": [85.0, 88.0], "std": [0.5, 0.1]})
+    out = report.compare(_runs(), paper).set_index("method")
+    assert out.loc["a", "reproduced"] == 81.0 and math.isclose(out.loc["a", "repro_std"], math.sqrt(2.0))
+    assert out.loc["a", "diff"] == -4.0 and out.loc["b", "diff"] == 2.0
+    assert out.loc["a", "paper_std"] == 0.5
+    assert (out.loc["b", "rank"], out.loc["b", "paper_rank"]) == (1.0, 1.0)
+
+
+def test_compare_paper_without_std_column():
+    """DC-PFL prints single numbers: no std column in its paper file."""
+    paper = pd.DataFrame({"method": ["a", "b"], "setting": ["s", "s"], "value": [91.0, 88.0]})
+    out = report.compare(_runs(), paper).set_index("method")
+    assert math.isnan(out.loc["a", "paper_std"])
+    assert out.loc["a", "diff"] == -10.0
+    assert (out.loc["a", "rank"], out.loc["a", "paper_rank"]) == (2.0, 1.0)   # orderings disagree, side by side
