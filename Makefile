@@ -17,3 +17,4 @@ test: setup
 
 bench: setup
 	python benchmarks/bench_fedavg.py
+	python benchmarks/bench_engines.py

@@ -48,3 +48,68 @@ def test_bench_fedavg_quick(tmp_path):
                                                           rel=1e-6)
     # the bigger CNN costs more FLOPs per sample than the LeNet
     assert float(rows[1]["fwd_flops_per_sample"]) > float(rows[0]["fwd_flops_per_sample"])
+
+
+ENGINES_SCRIPT = REPO / "benchmarks" / "bench_engines.py"
+ENGINES_COLUMNS = ["workload", "engine", "device", "dataset", "model", "clients", "clients_per_round", "batch_size",
+                   "local_epochs", "rounds", "samples_per_round", "s_per_round", "spread", "client_updates_per_s",
+                   "samples_per_s", "fwd_flops_per_sample", "achieved_flops", "peak_flops", "ratio_to_peak",
+                   "peak_mem_mb", "peak_rss_mb", "train_loss", "loss_vs_per_client", "speedup_vs_conventional",
+                   "speedup_vs_per_client", "other_cpu", "threads"]
+ENGINES_TEXT = {"workload", "engine", "device", "dataset", "model"}
+ENGINES_MAY_BE_ZERO = {"peak_mem_mb", "other_cpu"}  # an engine can stay within the RSS of setup; an idle machine
+
+
+@pytest.mark.slow
+def test_bench_engines_quick(tmp_path):
+    proc = subprocess.run([sys.executable, str(ENGINES_SCRIPT), "--quick", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and "DatasetUnavailable" in proc.stderr + proc.stdout:
+        pytest.skip("Fashion-MNIST is not available offline (see scripts/setup.sh)")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "| workload | engine |" in proc.stdout  # the markdown table is printed
+    assert "Loss check" in proc.stdout
+    for name in ("bench_engines.csv", "bench_engines.md", "bench_engines.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+
+    with open(tmp_path / "bench_engines.csv") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == ENGINES_COLUMNS
+        rows = list(reader)
+    by = {}
+    for r in rows:
+        by.setdefault(r["workload"], []).append(r["engine"])
+    assert by == {w: ["conventional", "per_client", "batched"]
+                  for w in ("a_mini", "b_paper_b10", "b_paper_b64", "c_mlp_b10")}
+    for r in rows:
+        what = f"{r['workload']}/{r['engine']}"
+        for col in ENGINES_COLUMNS:
+            if col in ENGINES_TEXT:
+                continue
+            v = float(r[col])
+            assert math.isfinite(v) and (v >= 0 if col in ENGINES_MAY_BE_ZERO else v > 0), f"{what}.{col}={r[col]}"
+        assert 0 < float(r["ratio_to_peak"]) < 1.5, r
+        assert float(r["spread"]) >= 1.0
+        assert float(r["peak_rss_mb"]) >= float(r["peak_mem_mb"])
+        # internal consistency of the derived columns
+        s = float(r["s_per_round"])
+        assert float(r["client_updates_per_s"]) == pytest.approx(float(r["clients_per_round"]) / s, rel=1e-6)
+        assert float(r["achieved_flops"]) == pytest.approx(
+            3 * float(r["fwd_flops_per_sample"]) * float(r["samples_per_round"]) / s, rel=1e-6)
+        assert float(r["ratio_to_peak"]) == pytest.approx(float(r["achieved_flops"]) / float(r["peak_flops"]),
+                                                          rel=1e-6)
+    for w in by:
+        ws = {r["engine"]: r for r in rows if r["workload"] == w}
+        conv, pc, bt = ws["conventional"], ws["per_client"], ws["batched"]
+        # the same workload: the same clients and samples per round, the same model
+        for col in ("clients_per_round", "samples_per_round", "fwd_flops_per_sample", "peak_flops"):
+            assert conv[col] == pc[col] == bt[col], (w, col)
+        # speedups are ratios of the same run's seconds per round
+        assert float(conv["speedup_vs_conventional"]) == pytest.approx(1.0)
+        assert float(pc["speedup_vs_per_client"]) == pytest.approx(1.0)
+        assert float(bt["speedup_vs_conventional"]) == pytest.approx(
+            float(conv["s_per_round"]) / float(bt["s_per_round"]), rel=1e-6)
+        # an honest comparison: the two pflrepro engines train identical batches (equal up to float
+        # rounding); the conventional loop's DataLoader draws another seeded order, so only close
+        assert float(bt["loss_vs_per_client"]) == pytest.approx(1.0, abs=1e-3), w
+        assert float(conv["loss_vs_per_client"]) == pytest.approx(1.0, abs=0.1), w
