@@ -416,3 +416,24 @@ def test_memory_budget_chunks_clients_with_the_same_result(monkeypatch):
     assert spy.chunks == [2, 2, 1, 2, 2, 1], spy.chunks
     _assert_same_history(chunked, whole)
     _assert_same_states(chunked, whole)
+
+
+@pytest.mark.parametrize("momentum, weight_decay", [(0.0, 0.0), (0.0, 1e-2), (0.9, 0.0), (0.9, 1e-2)])
+@pytest.mark.parametrize("contiguous", [True, False])      # False: the explicit (non-fused) form
+def test_sgd_update_matches_torch_sgd(momentum, weight_decay, contiguous):
+    from pflrepro.batched import sgd_update
+    g0 = torch.Generator().manual_seed(0)
+    ps = [torch.randn(4, 3, 5, generator=g0), torch.randn(4, 7, generator=g0)]
+    ref = [p.clone().requires_grad_() for p in ps]
+    opt = torch.optim.SGD(ref, lr=0.1, momentum=momentum, weight_decay=weight_decay)
+    bufs = [torch.zeros_like(p) for p in ps] if momentum else []
+    for t in range(3):
+        gs = [torch.randn(p.shape, generator=g0) for p in ps]
+        for r, g in zip(ref, gs):
+            r.grad = g.clone()
+        opt.step()
+        mine = [g.clone() if contiguous else torch.cat([g, g], -1)[..., :g.shape[-1]] for g in gs]
+        assert all(m.is_contiguous() == contiguous for m in mine)
+        sgd_update(ps, mine, bufs, lr=0.1, momentum=momentum, weight_decay=weight_decay, first=t == 0)
+    for p, r in zip(ps, ref):
+        torch.testing.assert_close(p, r.detach(), rtol=0, atol=1e-6)
