@@ -227,10 +227,16 @@ def plot_vs_paper(table: pd.DataFrame, title: str = "", x: str = "method"):
                     sharey=False, color="tab:blue", alpha=0.8, col_wrap=min(3, t["panel"].nunique()))
     g.set_titles("{col_name}")
     for ax, (_, sub) in zip(g.axes.flat, t.groupby("panel", sort=False)):
-        xs = range(len(sub))
-        ax.errorbar(xs, sub["reproduced"], yerr=sub["repro_std"], fmt="none", ecolor="k", capsize=2, lw=0.8)
-        if "paper" in sub:
-            ax.scatter(xs, sub["paper"], marker="_", s=400, color="k", zorder=3, label="paper")
+        xs = np.arange(len(sub))
+        rep = pd.to_numeric(sub["reproduced"], errors="coerce").to_numpy(float)
+        std = pd.to_numeric(sub["repro_std"], errors="coerce").fillna(0).to_numpy(float)
+        ok = np.isfinite(rep)
+        if ok.any():
+            ax.errorbar(xs[ok], rep[ok], yerr=std[ok], fmt="none", ecolor="k", capsize=2, lw=0.8)
+        # the paper has no number for some cells (mini datasets, methods it leaves out): no tick there
+        pv = pd.to_numeric(sub["paper"], errors="coerce").to_numpy(float) if "paper" in sub else np.array([])
+        if np.isfinite(pv).any():
+            ax.scatter(xs[np.isfinite(pv)], pv[np.isfinite(pv)], marker="_", s=400, color="k", zorder=3, label="paper")
         ax.tick_params(axis="x", rotation=45)
         ax.set_ylabel("accuracy (%): bars reproduced, — paper")
     if title:

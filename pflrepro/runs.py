@@ -141,7 +141,8 @@ class RunResult:
         return np.array([r[name] for r in self.history], dtype=np.float64)
 
 
-_RESULT_CODE = ("config.py", "data.py", "engine.py", "models.py", "partition.py", "runs.py", "schemas.py")
+_RESULT_CODE = ("batched.py", "config.py", "data.py", "engine.py", "models.py", "partition.py", "runs.py",
+                "schemas.py")
 
 
 def _algorithm_files(algorithm: str | None) -> list[Path]:

@@ -27,3 +27,20 @@ def test_compare_paper_without_std_column():
     assert math.isnan(out.loc["a", "paper_std"])
     assert out.loc["a", "diff"] == -10.0
     assert (out.loc["a", "rank"], out.loc["a", "paper_rank"]) == (2.0, 1.0)   # orderings disagree, side by side
+
+
+def test_plot_vs_paper_draws_paper_ticks_only_where_the_paper_has_a_number():
+    """mini runs on Fashion-MNIST, the paper printed CIFAR numbers only: an all-missing paper column
+    (and a missing cell) must plot the bars and skip the ticks, not fail (dvc repro did, 2026-11-23)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    table = report.compare(_runs(), pd.DataFrame({"method": ["a", "b"], "setting": ["s", "s"],
+                                                   "value": [float("nan")] * 2}))
+    fig = report.plot_vs_paper(table, "t")
+    ax = fig.axes[0]
+    assert len(ax.patches) == 2                                      # the two bars
+    assert not [c for c in ax.collections if c.get_label() == "paper"]   # and no paper ticks
+    table = report.compare(_runs(), pd.DataFrame({"method": ["a"], "setting": ["s"], "value": [85.0]}))
+    ax = report.plot_vs_paper(table, "t").axes[0]
+    ticks = [c for c in ax.collections if c.get_label() == "paper"]
+    assert len(ticks) == 1 and ticks[0].get_offsets().shape == (1, 2) and ticks[0].get_offsets()[0, 1] == 85.0

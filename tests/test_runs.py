@@ -92,3 +92,27 @@ def test_summarise_best_and_last10():
     assert s["pm_acc_mean"]["best"] == 0.5 and s["pm_acc_mean"]["best_round"] == 2
     assert s["pm_acc_mean"]["last_mean"] == pytest.approx(0.4)
     assert s["pm_acc_mean"]["final"] == 0.4
+
+
+def test_code_fingerprint_covers_every_module_a_run_executes():
+    """A stored result is reused only while the code that produced it is unchanged: every package module
+    that runs.run reaches through relative imports (engine -> batched, config -> schemas, ...) must be in
+    the fingerprint (batched.py was missing until 2026-11-23). Reporting and CLI modules are not reached."""
+    import re
+    from pflrepro import runs
+    pkg = REPO_ROOT / "pflrepro"
+    todo, seen = ["runs.py"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        src = (pkg / name).read_text()
+        for mod in re.findall(r"^\s*from \.(\w*) import ([\w, ]+)", src, re.M):
+            if mod[0] == "":                       # from . import a, b
+                todo += [m.strip() + ".py" for m in mod[1].split(",") if (pkg / (m.strip() + ".py")).exists()]
+            elif (pkg / (mod[0] + ".py")).exists():
+                todo.append(mod[0] + ".py")
+    reached = seen - {"__init__.py"}
+    assert reached <= set(runs._RESULT_CODE), reached - set(runs._RESULT_CODE)
+    assert {"engine.py", "batched.py", "runs.py"} <= reached
