@@ -22,8 +22,21 @@ from .stats import class_stats, features, train_head_on_means
 
 
 def arch_init_states(ctx: Context) -> dict[str, dict]:
-    """Initial weights of every client architecture of the run (`Context.initial`)."""
-    return {ctx.arch(k): clone_state(ctx.initial(k)) for k in range(ctx.cfg.n_clients)}
+    """Initial weights of every client architecture of the run (`Context.initial`), one copy each."""
+    first: dict[str, int] = {}
+    for k in range(ctx.cfg.n_clients):
+        first.setdefault(ctx.arch(k), k)
+    return {a: clone_state(ctx.initial(k)) for a, k in first.items()}
+
+
+def shared_head_init_states(ctx: Context, what: str) -> dict[str, dict]:
+    """`arch_init_states`, for algorithms whose clients share one header (or prototype) space: every
+    architecture must end in the same `head` shape (representation size x classes)."""
+    init = arch_init_states(ctx)
+    shapes = {tuple(s["head.weight"].shape) for s in init.values()}
+    if len(shapes) != 1:
+        raise ValueError(f"{what} for all clients, got head shapes {sorted(shapes)}")
+    return init
 
 
 def is_head(name: str) -> bool:
@@ -44,10 +57,7 @@ class FedGH(Algorithm):
 
     def __init__(self, ctx, **hparams):
         super().__init__(ctx, **hparams)
-        self.init = arch_init_states(ctx)  # constant for the run
-        heads = {tuple(s["head.weight"].shape) for s in self.init.values()}
-        if len(heads) != 1:
-            raise ValueError(f"{self.name}: every client model needs the same header shape, got {sorted(heads)}")
+        self.init = shared_head_init_states(ctx, f"{self.name}: the global header needs one header shape")
 
     # ---- server side
     def server_init(self):

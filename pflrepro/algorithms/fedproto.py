@@ -19,7 +19,7 @@ from torch import nn
 from ..config import Param
 from ..engine import ce_loss, clone_state, plain_average, state_bytes
 from .base import Algorithm, Update
-from .fedgh import arch_init_states
+from .fedgh import shared_head_init_states
 from .stats import alignment_loss, class_stats, features, pool_means
 
 
@@ -51,10 +51,7 @@ class FedProto(Algorithm):
 
     def __init__(self, ctx, **hparams):
         super().__init__(ctx, **hparams)
-        self.init = arch_init_states(ctx)  # constant for the run
-        dims = {tuple(s["head.weight"].shape) for s in self.init.values()}
-        if len(dims) != 1:
-            raise ValueError(f"fedproto: prototypes need one representation size for all clients, got {sorted(dims)}")
+        self.init = shared_head_init_states(ctx, "fedproto: prototypes need one representation size")
 
     def server_init(self):
         C, d = self.init[self.ctx.arch(0)]["head.weight"].shape
