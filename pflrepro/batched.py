@@ -41,7 +41,7 @@ import warnings
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import grad_and_value, vmap
 
 from .engine import Context, Divergence, ModelView, Plan, TrainStats, ce_loss, derive_seed, is_batchable
 

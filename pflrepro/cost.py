@@ -73,10 +73,9 @@ def measure(cfg: RunConfig) -> dict:
     their first v_k), rounds 2..R are timed (R = cfg.rounds), round R+1 is FLOP-counted.
     Evaluation, which the paper's timing excludes, runs once at the end."""
     from .algorithms import ALGORITHMS
-    from .runs import build_context, resolve_device
+    from .runs import build_context, model_flops, resolve_device
     R = max(cfg.rounds, 2)
-    extra = {"engine": "per_client"} if "engine" in cfg.to_dict() else {}  # time clients one by one
-    c = cfg.replace(rounds=R + 1, eval_every=R + 1, **extra)
+    c = cfg.replace(rounds=R + 1, eval_every=R + 1, engine="per_client")  # time clients one by one
     ctx = build_context(c, resolve_device(c.device))
     algo = Instrumented(ALGORITHMS[c.algorithm](ctx, **c.hparams), count_rounds={R + 1})
     run_rounds(ctx, algo, progress=False)
@@ -97,17 +96,11 @@ def measure(cfg: RunConfig) -> dict:
         "gflops_per_client": float(counted.flops.mean()) / 1e9,
         "gmacs_per_client": float(counted.flops.mean()) / 2e9,  # the paper's (OpCounter) unit
         "samples_per_client": float(counted.samples.mean()),
-        "forward_macs_per_sample": _forward_macs(ctx),
+        "forward_macs_per_sample": None if (f := model_flops(ctx)) is None else f // 2,
         "model_params": sum(p.numel() for p in ctx.make_model(0).parameters()),
     }
 
 
-def _forward_macs(ctx) -> int | None:
-    from torch.utils.flop_counter import FlopCounterMode
-    net = ctx.make_model(0).to(ctx.device).eval()
-    with FlopCounterMode(display=False) as fc, torch.no_grad():
-        net(ctx.data.x[:1])
-    return int(fc.get_total_flops()) // 2
 
 
 def runtime_model(costs: pd.DataFrame, bandwidth_mbps: float, parallel_clients: bool = True) -> pd.DataFrame:

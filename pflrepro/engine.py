@@ -44,7 +44,7 @@ def batchable(fn):
     It must reach per-client tensors only through `aux` (never through Python objects it closes
     over), so that the batched engine (`pflrepro.batched`) can run it for many clients at once
     under `torch.func.vmap`; closing over plain numbers (lambda, tau) is fine. Unmarked loss
-    terms keep the older form `loss(net, x, y[, extra_b])` and train client by client."""
+    terms keep the older form `loss(net, x, y)` and train client by client."""
     fn.batchable = True
     return fn
 
@@ -132,7 +132,7 @@ class TrainStats:
 def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                 lr: float, momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
                 loss: LossFn = ce_loss, trainable: Callable[[str], bool] | None = None,
-                seed: int = 0, steps: int | None = None, extra: torch.Tensor | None = None,
+                seed: int = 0, steps: int | None = None,
                 aux: dict | None = None, per_sample: dict | None = None) -> TrainStats:
     """The local-training primitive: SGD on (x, y) minimising `loss(net, xb, yb)`.
 
@@ -140,8 +140,6 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
     `seed` fixes the data order and dropout draws; `steps` (optional) caps the number of
     mini-batch steps instead of whole epochs. Batches are index slices of the client's
     tensors: no DataLoader. The last partial batch of an epoch is kept.
-    `extra` (optional): per-sample side data aligned with x (e.g. stored teacher logits);
-    its rows for the batch are passed as a fourth argument, `loss(net, xb, yb, eb)`.
     A batchable loss term (`batchable`) is called `loss(ModelView(net), xb, yb, aux_b)` instead,
     with aux_b = `aux` plus the batch's rows of each `per_sample` tensor.
     `pflrepro.batched.local_train_many` is the same primitive for many clients at once.
@@ -169,7 +167,7 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
                     value = loss(view, xb, yb, {**aux, **{n_: t[idx] for n_, t in per_sample.items()}}
                                  if per_sample else aux)
                 else:
-                    value = loss(net, xb, yb) if extra is None else loss(net, xb, yb, extra[idx])
+                    value = loss(net, xb, yb)
                 if not torch.isfinite(value):
                     raise Divergence(f"loss became {value.item()} at local step {done}: the run diverged "
                                      f"(lower the learning rate, or check the loss term)")
@@ -292,8 +290,7 @@ class Context:
     def train(self, net: nn.Module, k: int, rnd: int, *, loss: LossFn = ce_loss,
               trainable: Callable[[str], bool] | None = None, epochs: int | None = None,
               lr: float | None = None, steps: int | None = None, data=None, purpose: int = 0,
-              extra: torch.Tensor | None = None, aux: dict | None = None,
-              per_sample: dict | None = None) -> TrainStats:
+              aux: dict | None = None, per_sample: dict | None = None) -> TrainStats:
         """Train `net` on client k's training data with the run's optimiser settings."""
         c = self.cfg
         x, y = self.data.client_train(k) if data is None else data
@@ -301,7 +298,7 @@ class Context:
                            batch_size=c.batch_size, lr=c.lr if lr is None else lr, momentum=c.momentum,
                            weight_decay=c.weight_decay, grad_clip=c.grad_clip, loss=loss,
                            trainable=trainable, seed=derive_seed(c.seed, rnd, k, purpose), steps=steps,
-                           extra=extra, aux=aux, per_sample=per_sample)
+                           aux=aux, per_sample=per_sample)
 
     def train_plan(self, net: nn.Module, k: int, rnd: int, plan: Plan) -> TrainStats:
         """The per-client path of a `Plan` (`net` already holds `plan.start`)."""

@@ -18,12 +18,12 @@ state {"body", "head"}).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..config import Param
-from ..engine import ce_loss, derive_seed, local_train, state_bytes
+from ..engine import derive_seed, local_train, state_bytes
 from .fedgh import FedGH
-from .stats import alignment_loss, pool_class, pool_means, sample_gaussian, train_head_on_means, virtual_counts
+from .stats import (aligned_ce, carry_targets, pool_class, pool_means, sample_gaussian, targets_bytes,
+                    train_head_on_means, virtual_counts)
 
 
 class DCPFL(FedGH):
@@ -53,20 +53,13 @@ class DCPFL(FedGH):
 
     # ---- client side: eq. (2)-(4)
     def loss(self, rnd, k, server, cstate):
-        lam, has, means = self.hp["lam"], server["has_mean"], server["means"]
-        if lam == 0 or not bool(has.any()):
-            return ce_loss  # first round: "the selected clients only calculate the supervised loss"
-        kind = self.hp["align"]
-
-        def dual(net, x, y):
-            z = net.features(x)
-            return F.cross_entropy(net.head(z), y) + lam * alignment_loss(z, y, means, has, kind)
-        return dual
+        # first round: "the selected clients only calculate the supervised loss"
+        return aligned_ce(self.hp["lam"], server["means"], server["has_mean"], self.hp["align"])
 
     def down_bytes(self, server):
         sent = state_bytes(server["head"])
         if self.hp["lam"] > 0:  # the global means are broadcast only when the auxiliary loss uses them
-            sent += int(server["has_mean"].sum()) * server["means"][0].numel() * server["means"].element_size()
+            sent += targets_bytes(server["means"], server["has_mean"])
         return sent
 
     # ---- server side: eq. (8)-(12)
@@ -75,14 +68,13 @@ class DCPFL(FedGH):
         head = self.header(server)
         train_head_on_means(head, [(m["means"], m["classes"]) for m in msgs], self.hp["server_lr"])  # eq. 8-9
         n, mu = pool_means(msgs, server["means"].shape[0])                                            # eq. 10
-        seen = n > 0
-        means = torch.where(seen[:, None], mu.to(server["means"].dtype), server["means"])
+        means, has_mean = carry_targets(server["means"], server["has_mean"], n, mu)
         if self.hp["calibrate"] and self.hp["server_epochs"] > 0:                                     # eq. 11-12
             z, y = self.virtual_features(rnd, msgs, n)
             local_train(head, z.to(server["means"].device, server["means"].dtype), y.to(server["means"].device),
                         epochs=self.hp["server_epochs"], batch_size=self.hp["server_batch"], lr=self.hp["server_lr"],
                         seed=derive_seed(self.ctx.cfg.seed, rnd, 0xDC, 2))
-        return {**server, "head": self.header_state(head), "means": means, "has_mean": server["has_mean"] | seen}
+        return {**server, "head": self.header_state(head), "means": means, "has_mean": has_mean}
 
     def virtual_features(self, rnd, msgs, n):
         """G_c ~ N(mu_c, Sigma_c) (eq. 10-11 pooling) with |G_c| = n_virtual * |D^c| / sum |D^c'| (rounded

@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from ..config import Param
 from ..engine import clone_state, state_bytes
 from .base import Algorithm, Update
-from .fml import initial_state
 
 
 def per_class_average(sums: torch.Tensor, counts: torch.Tensor) -> dict:
@@ -98,7 +97,7 @@ class FD(Algorithm):
         return loss
 
     def client_update(self, rnd, k, server, cstate):
-        net = self.ctx.model(k, cstate["params"] if cstate else initial_state(self.ctx, k))
+        net = self.ctx.model(k, cstate["params"] if cstate else self.ctx.initial(k))
         C = self.ctx.data.spec.num_classes
         sums, counts = torch.zeros(C, C, device=self.ctx.device), torch.zeros(C, device=self.ctx.device)
         stats = self.ctx.train(net, k, rnd, loss=self.fd_loss(*self.targets(server, cstate), sums, counts))
@@ -120,4 +119,4 @@ class FD(Algorithm):
         return None
 
     def personal_model(self, k, server, cstate):
-        return self.ctx.model(k, cstate["params"] if cstate else initial_state(self.ctx, k))
+        return self.ctx.model(k, cstate["params"] if cstate else self.ctx.initial(k))

@@ -12,11 +12,10 @@ A client never selected yet has its architecture's initial extractor.
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ..config import Param
-from ..engine import Context, clone_state, derive_seed, plain_average, state_bytes
+from ..engine import Context, clone_state, plain_average, state_bytes
 from .base import Algorithm, Update
 from .stats import class_stats, features, train_head_on_means
 

@@ -13,14 +13,13 @@ or nearest global prototype in representation space (`inference: prototype`, Fed
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import Param
-from ..engine import ce_loss, clone_state, plain_average, state_bytes
+from ..engine import clone_state, plain_average, state_bytes
 from .base import Algorithm, Update
 from .fedgh import shared_head_init_states
-from .stats import alignment_loss, class_stats, features, pool_means
+from .stats import aligned_ce, carry_targets, class_stats, features, pool_means, targets_bytes
 
 
 class NearestPrototype(nn.Module):
@@ -63,23 +62,14 @@ class FedProto(Algorithm):
 
     # ---- client side
     def loss(self, rnd, k, server, cstate):
-        lam, has, protos = self.hp["lam"], server["has_proto"], server["protos"]
-        if lam == 0 or not bool(has.any()):
-            return ce_loss
-        kind = self.hp["align"]
-
-        def proto_loss(net, x, y):
-            z = net.features(x)
-            return F.cross_entropy(net.head(z), y) + lam * alignment_loss(z, y, protos, has, kind)
-        return proto_loss
+        return aligned_ce(self.hp["lam"], server["protos"], server["has_proto"], self.hp["align"])
 
     def client_update(self, rnd, k, server, cstate):
         net = self.ctx.model(k, self.params(k, cstate))
         stats = self.ctx.train(net, k, rnd, loss=self.loss(rnd, k, server, cstate))
         x, y = self.ctx.data.client_train(k)
         sent = class_stats(features(net, x), y, cov=False)
-        protos = server["protos"]
-        down = int(server["has_proto"].sum()) * protos[0].numel() * protos.element_size()
+        down = targets_bytes(server["protos"], server["has_proto"])
         up = Update(weight=float(len(y)), payload=sent, loss=stats.loss, samples=stats.samples,
                     bytes_up=state_bytes(sent), bytes_down=down)
         return up, {"params": clone_state(net.state_dict())}
@@ -88,9 +78,8 @@ class FedProto(Algorithm):
     def aggregate(self, rnd, server, updates, clients):
         n, p = pool_means([u.payload for u in updates], server["protos"].shape[0],
                           weighted=self.hp["weighting"] == "count")
-        seen = n > 0
-        protos = torch.where(seen[:, None], p.to(server["protos"].dtype), server["protos"])
-        return {"protos": protos, "has_proto": server["has_proto"] | seen}
+        protos, has = carry_targets(server["protos"], server["has_proto"], n, p)
+        return {"protos": protos, "has_proto": has}
 
     # ---- evaluation
     def global_model(self, server):

@@ -12,11 +12,9 @@ Personalized model = the local model; global model = the averaged meme model.
 `shared_model` (the meme's architecture) defaults to `cnn5`, the smallest of FedGH's five CNNs
 (DC-PFL's model set): DC-PFL only says the homogeneous model is "small".
 
-`Pair` and `initial_state` are shared with FedKD and FD (fedkd.py, fd.py).
+`Pair` is shared with FedKD and FD (fedkd.py, fd.py).
 """
 from __future__ import annotations
-
-import zlib
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +37,6 @@ class Pair(nn.Module):
         if proj is not None:
             self.proj = proj
 
-
-def initial_state(ctx, k: int) -> dict:
-    """Client k's starting weights (`Context.initial`: the run's common init, or its architecture's)."""
-    return ctx.initial(k)
 
 
 class SharedModelAlgorithm(Algorithm):
@@ -67,7 +61,7 @@ class SharedModelAlgorithm(Algorithm):
         return self._shared
 
     def local(self, k: int, cstate: dict | None, key: str = "params") -> nn.Module:
-        return self.ctx.model(k, cstate[key] if cstate else initial_state(self.ctx, k))
+        return self.ctx.model(k, cstate[key] if cstate else self.ctx.initial(k))
 
     def global_model(self, server):
         return self.shared(server["params"])

@@ -108,9 +108,6 @@ class PFedSD(Algorithm):
         # v_k; a client never selected yet has no v_k and uses the global model
         return self.ctx.model(k, cstate["params"]) if cstate else None
 
-    def global_model(self, server):
-        return self.ctx.model(-1, server["params"])
-
 
 
 def diag_fisher(net, x, y, batch: int = 128) -> dict:

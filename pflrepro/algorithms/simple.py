@@ -1,8 +1,6 @@
 """The worked examples of the API: Local-only, FedProx, FedAvg+FT (FedAvg is the base class)."""
 from __future__ import annotations
 
-import torch
-
 from ..config import Param
 from ..engine import Plan, batchable, ce_loss, clone_state
 from ..models import head_param_names

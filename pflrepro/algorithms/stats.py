@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..engine import ce_loss
+
 
 @torch.no_grad()
 def features(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
@@ -137,6 +139,31 @@ def alignment_loss(z: torch.Tensor, y: torch.Tensor, targets: torch.Tensor, has:
         return (sq.clamp_min(1e-12).sqrt() * mask).mean()
     raise ValueError(f"alignment kind {kind!r}: use 'sq', 'l2' or 'mse'")
 
+
+
+def aligned_ce(lam: float, targets: torch.Tensor, has: torch.Tensor, kind: str):
+    """The local loss of DC-PFL (eq. 4, targets = global class means) and FedProto (targets = global
+    prototypes): CE(head(f(x)), y) + lam * alignment_loss(f(x), y, targets). Plain CE while no class
+    has a target yet (the first round) or when lam = 0."""
+    if lam == 0 or not bool(has.any()):
+        return ce_loss
+
+    def loss(net, x, y):
+        z = net.features(x)
+        return F.cross_entropy(net.head(z), y) + lam * alignment_loss(z, y, targets, has, kind)
+    return loss
+
+
+def carry_targets(old: torch.Tensor, has: torch.Tensor, n: torch.Tensor, pooled: torch.Tensor):
+    """New per-class targets where a class was seen this round (n > 0), the last ones elsewhere;
+    returns (targets, has_target)."""
+    seen = n > 0
+    return torch.where(seen[:, None], pooled.to(old.dtype), old), has | seen
+
+
+def targets_bytes(targets: torch.Tensor, has: torch.Tensor) -> int:
+    """Bytes of the per-class targets a client downloads (only the classes that have one)."""
+    return int(has.sum()) * targets[0].numel() * targets.element_size()
 
 def train_head_on_means(head: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], lr: float,
                         passes: int = 1) -> None:
