@@ -90,7 +90,6 @@ def test_bench_engines_quick(tmp_path):
             assert math.isfinite(v) and (v >= 0 if col in ENGINES_MAY_BE_ZERO else v > 0), f"{what}.{col}={r[col]}"
         assert 0 < float(r["ratio_to_peak"]) < 1.5, r
         assert float(r["spread"]) >= 1.0
-        assert float(r["peak_rss_mb"]) >= float(r["peak_mem_mb"])
         # internal consistency of the derived columns
         s = float(r["s_per_round"])
         assert float(r["client_updates_per_s"]) == pytest.approx(float(r["clients_per_round"]) / s, rel=1e-6)

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflrepro.algorithms import ALGORITHMS
 from pflrepro.algorithms.dcpfl import DCPFL
 from pflrepro.algorithms.fedgh import FedGH
 from pflrepro.algorithms.fedproto import FedProto

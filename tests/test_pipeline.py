@@ -1,9 +1,9 @@
 """The pipeline: every paper-profile config starts on stand-in data, the example notebook runs
 end to end under papermill, a two-point papermill sweep, the CLI, and the DVC wiring."""
 import json
+import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -54,7 +54,8 @@ def _partition(cfg):
 
 
 def test_paper_config_counts():
-    """The start tests below cover every partition and every code path of the paper profiles."""
+    """Guard for the parametrized start tests below: the paper profiles still yield their >100 configs
+    (an emptied or shrunk grid would make those tests pass vacuously), grouped into fewer start cases."""
     configs = _paper_configs()
     assert len(configs) > 100
     assert len(_distinct(_code_path)) < len(configs)  # grouping only ever merges
@@ -70,7 +71,6 @@ def test_paper_partition_builds_on_standin(cfg):
 @pytest.mark.parametrize("cfg", _distinct(lambda c: (c.dataset, c.model, tuple(c.models or ()))))
 def test_paper_models_run_on_standin_shapes(cfg):
     """Every (dataset, architecture) pair of the paper profiles: a stand-in batch gives one logit per class."""
-    import torch
     from pflrepro.data import load_dataset
     from pflrepro.models import build_model
     raw = load_dataset(f"fake-{cfg.dataset}")
@@ -88,7 +88,7 @@ def test_paper_config_starts_on_standin(cfg, tmp_path):
     fake = cfg.replace(dataset=f"fake-{cfg.dataset}", rounds=1, subsample=min(cfg.subsample, 0.01), local_epochs=1)
     res = run(fake, root=tmp_path, progress=False)
     assert len(res.history) == 1 and res.history[0]["round"] == 1
-    assert res.history[0]["train_loss"] == res.history[0]["train_loss"]  # not NaN
+    assert math.isfinite(res.history[0]["train_loss"])
 
 
 @pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")

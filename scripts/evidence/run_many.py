@@ -24,9 +24,10 @@ def main() -> None:
     ap.add_argument("config")
     ap.add_argument("algorithms", nargs="+")
     ap.add_argument("--set", nargs="*", default=[], help="extra key=value overrides for every run")
-    ap.add_argument("--jobs", type=int, default=len(sys.argv))
+    ap.add_argument("--jobs", type=int, default=None, help="parallel runs (default: all at once)")
     ap.add_argument("--metric", default="pm_acc_mean")
     a = ap.parse_args()
+    a.jobs = a.jobs or len(a.algorithms)
     logs = Path(os.environ.get("PFLREPRO_RESULTS", REPO / "results")) / "evidence_logs"
     logs.mkdir(parents=True, exist_ok=True)
     procs, pending, t0 = {}, list(a.algorithms), time.time()
