@@ -167,7 +167,10 @@ def _same(ts) -> bool:
 def _stack_tree(trees, device, share: bool = True):
     """Stack the same-structured nested dicts along a new dim 0. Returns (tree, in_dims): a leaf
     that is the very same tensor for every client (e.g. FedProx's anchor, the global model) is
-    passed once, unbatched (in_dims None)."""
+    passed once, unbatched (in_dims None). A single client's leaves are always batched: sharing
+    gains nothing there, and a shared BatchNorm buffer cannot take a batched in-place update (a
+    teacher state run in train mode, as pFedSD's, when only one client in the chunk has one)."""
+    share = share and len(trees) > 1
     t0 = trees[0]
     if isinstance(t0, dict):
         out, dims = {}, {}
@@ -532,6 +535,15 @@ def group_key(ctx: Context, k: int, plan: Plan):
         return None
 
 
+def slower_batched(module: nn.Module, device: torch.device) -> bool:
+    """engine='auto' trains this architecture per client: on a CPU, `vmap` turns a grouped
+    convolution (MobileNetV2's depthwise layers) over stacked client weights into one convolution
+    with clients x groups groups, which oneDNN runs slower than a loop over the clients (pFedSD
+    Table 8 mini, MobileNetV2, 6 clients: 20.4 s batched vs 14.6 s per client, 2026-11-23)."""
+    return torch.device(device).type == "cpu" and any(
+        isinstance(m, nn.Conv2d) and m.groups > 1 for m in module.modules())
+
+
 def batched_round(ctx: Context, algo, rnd: int, selected: list[int], server: dict, clients: dict) -> list:
     """One round's local updates with batching (`local_round`'s branch for plan-based algorithms):
     results equal the per-client path's up to float rounding; clients' states are stored in
@@ -550,7 +562,7 @@ def batched_round(ctx: Context, algo, rnd: int, selected: list[int], server: dic
             groups.setdefault(key, []).append(k)
     results = {}
     for ks in groups.values():
-        if len(ks) == 1 and cfg.engine == "auto":
+        if cfg.engine == "auto" and (len(ks) == 1 or slower_batched(ctx.model(ks[0]), ctx.device)):
             singles += ks
             continue
         need = _need(ctx, ks[0], plans[ks[0]])

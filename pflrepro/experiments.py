@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from .config import ConfigError, RunConfig
-from .runs import REPO_ROOT, RunResult, run
+from .runs import REPO_ROOT, RunResult, results_root, run
 
 PROFILES = ("smoke", "mini", "paper")
 
@@ -138,11 +138,12 @@ def output_dirs(name: str, out_dir: str | None) -> tuple[Path, Path, Path]:
 
     By default every notebook shares one content-addressed run store, `results/runs` (key =
     config + code fingerprint), so tables built from the same runs (Table 2 -> Tables 4, 5,
-    Figs. 6, 7) never train twice. A sweep point with its own `out_dir` keeps its runs there."""
-    res = Path(out_dir) if out_dir else REPO_ROOT / "results" / name
+    Figs. 6, 7) never train twice ($PFLREPRO_RESULTS moves results/, as for `runs.run`). A sweep
+    point with its own `out_dir` keeps its runs there."""
+    res = Path(out_dir) if out_dir else results_root() / name
     res = res if res.is_absolute() else REPO_ROOT / res
     fig = res / "figures" if out_dir else REPO_ROOT / "figures" / name
-    store = res / "runs" if out_dir else REPO_ROOT / "results" / "runs"
+    store = res / "runs" if out_dir else results_root() / "runs"
     for d in (res, fig, store):
         d.mkdir(parents=True, exist_ok=True)
     return res, fig, store

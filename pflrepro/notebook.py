@@ -12,6 +12,7 @@ Outputs: results/<name>/{<stem>.md, <stem>.csv, runs.csv, provenance.json}, figu
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -45,6 +46,19 @@ class Experiment:
 
     def paper(self, name: str | None = None) -> pd.DataFrame:
         return report.paper_table(name or self.P["paper_table"])
+
+    def pick_scale(self, available) -> tuple[str, str]:
+        """(setting, note): the setting named by the params file's `scale` if this profile ran it,
+        else the available one with the most clients, with a note saying so (mini runs pFedSD's
+        20-client setting only, so Table 4, Table 5 and Fig. 7 show that one there)."""
+        wanted = self.P.get("scale")
+        avail = sorted(set(available), key=lambda s: (_n_clients(s), s))
+        if wanted in avail:
+            return wanted, ""
+        if not avail:
+            raise ValueError(f"{self.name}: the runs have no setting to show (wanted {wanted!r})")
+        return avail[-1], (f"Profile {self.profile!r} has no {wanted!r} setting; this shows {avail[-1]!r}, "
+                           f"the largest it ran.")
 
     # ---- outputs
     def table(self, df: pd.DataFrame, title: str, stem: str = "table", note: str = "", digits: int = 2) -> str:
@@ -91,3 +105,8 @@ def _display_markdown(md: str) -> None:
     except ImportError:
         pass
     print(md)
+
+
+def _n_clients(setting: str) -> int:
+    m = re.search(r"(\d+)\s*clients", str(setting))
+    return int(m.group(1)) if m else 0

@@ -103,6 +103,11 @@ def build_data(cfg: RunConfig, device: torch.device, split: dict | None = None) 
     x_pool, y_pool = raw.pooled() if cfg.pool == "train+test" else (raw.x_train, raw.y_train)
     t = lambda arrs: [torch.as_tensor(a, dtype=torch.long, device=device) for a in arrs]  # noqa: E731
     x_test, y_test = raw.x_test, raw.y_test
+    if cfg.pool == "train" and cfg.subsample < 1.0 and cfg.split != "global_test_by_proportion":
+        # a subsampled run scores its GM on the same fraction of the official test set (stratified):
+        # the whole 10,000-image set cost more than the training of a mini run (DC-PFL, CNN_1)
+        keep = torch.as_tensor(_stratified_subsample(y_test.numpy(), cfg.subsample, derive_seed(cfg.seed, 0x5B6)))
+        x_test, y_test = x_test[keep], y_test[keep]
     if cfg.pool == "train+test":
         # the official test set is inside the partitioned pool: the held-out "global test
         # set" for GM accuracy is then the union of the clients' local test sets

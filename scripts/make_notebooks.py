@@ -43,7 +43,8 @@ NOTEBOOKS = {
     "pfedsd_table4": ("pFedSD Table 4: rounds pFedSD needs to reach FedPer's final accuracy",
                       "K=100, r=10%, Dirichlet 0.1. Read from Table 2's runs (nothing is retrained).",
                       ['''curves = report.curves(results, E.metric)
-curves = curves[curves.setting == E.P["scale"]]
+scale, note = E.pick_scale(curves.setting)
+curves = curves[curves.setting == scale]
 r2r = report.rounds_to_reach(curves, E.P["reference"], E.P["method"], E.metric)
 r2r["dataset"] = r2r["setting"].map(dict(zip(curves.setting, curves.dataset)))
 summary = r2r.groupby("dataset", as_index=False).agg(target_round=("target_round", "first"),
@@ -53,19 +54,21 @@ paper = E.paper().query("method == @E.P['method']").rename(columns={"value": "pa
 table = summary.merge(paper[["dataset", "paper_rounds", "paper_speedup"]], on="dataset", how="left")
 E.table(table, f"Table 4: rounds {E.P['method']} needs to reach {E.P['reference']}'s accuracy at its last round",
         note="The paper's target is FedPer after 100 rounds; a profile with fewer rounds uses its own last round. "
-             "NaN: never reached within the run.")
+             "NaN: never reached within the run. " + note)
 E.table(r2r, "Table 4, per seed", stem="per_seed")''']),
     "pfedsd_table5": ("pFedSD Table 5: mean and standard deviation of accuracy across clients",
                       "100-client scenario. Read from Table 2's runs (nothing is retrained).",
                       ['''clients = report.client_accuracies(results, "best", E.metric)
-clients = clients[(clients.setting == E.P["scale"]) & clients.method.isin(E.P["methods_shown"])]
+scale, note = E.pick_scale(clients.setting)
+clients = clients[(clients.setting == scale) & clients.method.isin(E.P["methods_shown"])]
 sp = report.spread(clients)
 paper = E.paper().rename(columns={"value": "paper_mean", "std": "paper_std_across_clients"})
 table = sp.rename(columns={"mean": "mean", "std": "std_across_clients"}).merge(
     paper, on=["dataset", "method"], how="left")
 table["diff_mean"] = table["mean"] - table["paper_mean"]
 table["diff_std"] = table["std_across_clients"] - table["paper_std_across_clients"]
-E.table(table, "Table 5: personalized accuracy across clients at each run's best round (mean, std across clients; averaged over seeds)")''']),
+E.table(table, "Table 5: personalized accuracy across clients at each run's best round (mean, std across clients; averaged over seeds)",
+        note=note)''']),
     "pfedsd_fig2": ("pFedSD Fig. 2: the received global model forgets what the local model knew",
                     "FedAvg on 100 non-IID clients. On each client's local test set: the global model it is about to "
                     "receive vs its own model from the last round it trained. Both curves come from identical training "
@@ -100,9 +103,11 @@ E.table(last.groupby(["panel", "method"]).agg(["mean", "std"]).reset_index(), "F
     "pfedsd_fig7": ("pFedSD Fig. 7: distribution of accuracy across clients",
                     "100-client scenario, each run at its best round. Read from Table 2's runs (nothing is retrained).",
                     ['''clients = report.client_accuracies(results, "best", E.metric)
-clients = clients[(clients.setting == E.P["scale"]) & clients.method.isin(E.P["methods_shown"])]
+scale, note = E.pick_scale(clients.setting)
+clients = clients[(clients.setting == scale) & clients.method.isin(E.P["methods_shown"])]
 E.figure(report.plot_client_distribution(clients, E.banner), "client_accuracy")
-E.table(clients.groupby(["dataset", "method"])["accuracy"].describe().reset_index(), "Fig. 7: per-client accuracy quantiles (%)")''']),
+E.table(clients.groupby(["dataset", "method"])["accuracy"].describe().reset_index(), "Fig. 7: per-client accuracy quantiles (%)",
+        note=note)''']),
     "pfedsd_table6": ("pFedSD Table 6: participation ratio r ∈ {20%, 60%, 100%}",
                       "The paper runs CIFAR-100 (K=20); `mini` runs Fashion-MNIST: compare trends across r, not values.",
                       [ACCURACY_TABLE.format(title="Table 6")]),

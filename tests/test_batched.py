@@ -22,7 +22,7 @@ from pflrepro import batched
 from pflrepro.algorithms import ALGORITHMS
 from pflrepro.batched import MemoryBudgetError, NotBatchable, local_train_many, uses_plans
 from pflrepro.config import RunConfig
-from pflrepro.engine import local_train, run_rounds
+from pflrepro.engine import batchable, local_train, run_rounds
 from pflrepro.runs import build_context
 
 
@@ -212,6 +212,39 @@ def test_batchnorm_running_statistics_are_per_client(kind):
     assert not torch.allclose(got[0][0][bn[0]], got[1][0][bn[0]], atol=1e-3)
 
 
+@batchable
+def _teacher_kd_loss(m, xb, yb, aux):
+    """pFedSD's shape of loss term: a teacher state (with BatchNorm buffers) run in train mode."""
+    with torch.no_grad():
+        t = m.run(aux["teacher"], xb, train=True)
+    logits = m(xb)
+    return torch.nn.functional.cross_entropy(logits, yb) + ((logits - t) ** 2).mean()
+
+
+@pytest.mark.parametrize("n_clients", [1, 2])
+def test_teacher_state_with_batchnorm_in_train_mode(n_clients):
+    """A chunk of one client used to pass its teacher's BN buffers unbatched (shared), and BatchNorm
+    refused the batched in-place update (pFedSD Table 8 mini, MobileNetV2, a round where only one
+    selected client had a teacher). One or two clients: equal to the per-client path."""
+    build = lambda s: _conv(s, bn=True)
+    x, y = _data("conv", n=80)
+    index = _indices([21, 34][:n_clients], len(y), seed=5)
+    starts = [build(50 + i).state_dict() for i in range(n_clients)]
+    teachers = [build(60 + i).state_dict() for i in range(n_clients)]
+    seeds = [21, 22][:n_clients]
+    kw = dict(epochs=1, loss=_teacher_kd_loss, **OPT)
+    want = []
+    for s, t, ix, sd in zip(starts, teachers, index, seeds):
+        net = build(0)
+        net.load_state_dict(s)
+        stats = local_train(net, x[ix], y[ix], seed=sd, aux={"teacher": t}, **kw)
+        want.append(({n: v.detach().clone() for n, v in net.state_dict().items()}, stats))
+    got = _batched(build, starts, x, y, index, seeds, aux=[{"teacher": t} for t in teachers], **kw)
+    for i in range(n_clients):
+        _assert_stats_equal(got[i][1], want[i][1], f"client {i}: ")
+        _assert_states_close(got[i][0], want[i][0], what=f"client {i}: ")
+
+
 # ---------------------------------------------------------------- 4. dropout
 @pytest.mark.parametrize("kind", ["mlp", "conv"])
 def test_dropout_masks_equal_the_per_client_path(kind):
@@ -361,6 +394,21 @@ def test_batched_round_equals_per_client(monkeypatch, algorithm, hparams, extra,
 
 
 # ---------------------------------------------------------------- 6. engine selection
+def test_auto_trains_grouped_convolutions_per_client_on_cpu(monkeypatch):
+    """On a CPU, engine='auto' leaves architectures with grouped (depthwise) convolutions to the
+    per-client path, which is faster there; 'batched' still batches them; other models batch."""
+    assert batched.slower_batched(nn.Sequential(nn.Conv2d(4, 4, 3, groups=4)), torch.device("cpu"))
+    assert not batched.slower_batched(nn.Sequential(nn.Conv2d(4, 4, 3, groups=4)), torch.device("cuda"))
+    assert not batched.slower_batched(_conv(0), torch.device("cpu"))
+    spy = _Spy(monkeypatch)
+    cfg = _round_cfg("fedavg", "auto", model="mobilenetv2", n_clients=2, rounds=1, subsample=0.04,
+                     partition_params={"alpha": 1.0, "min_size": 8})
+    _run(cfg)
+    assert spy.chunks == []
+    _run({**cfg, "engine": "batched"})
+    assert spy.chunks == [2]
+
+
 def test_batched_engine_refuses_client_update_algorithms_before_round_1(monkeypatch):
     spy = _Spy(monkeypatch)
     cfg = RunConfig.from_dict(_round_cfg("fedgh", "batched", rounds=1))

@@ -1,0 +1,60 @@
+"""Every table/figure notebook renders on the `smoke` profile.
+
+The notebooks' code cells are executed in this process (papermill's parameter injection done by
+hand: profile='smoke', a private out_dir), so a render cell that cannot handle a profile's
+settings fails here rather than in `dvc repro` (pFedSD Table 4 once assumed a 100-client setting
+that the mini and smoke profiles do not run). The example notebook runs through papermill itself
+in tests/test_pipeline.py.
+"""
+from __future__ import annotations
+
+import json
+
+import matplotlib
+import pytest
+
+from pflrepro.runs import REPO_ROOT
+
+from .conftest import FMNIST_AVAILABLE
+
+matplotlib.use("Agg")
+
+NOTEBOOKS = sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("*.ipynb") if p.stem != "example")
+
+
+def _code_cells(name: str) -> list[str]:
+    nb = json.loads((REPO_ROOT / "notebooks" / f"{name}.ipynb").read_text())
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def test_every_paper_notebook_is_listed():
+    assert {n.split("_")[0] for n in NOTEBOOKS} == {"pfedsd", "dcpfl"}
+    assert len(NOTEBOOKS) >= 20, NOTEBOOKS
+
+
+@pytest.fixture(scope="module")
+def shared_store(tmp_path_factory):
+    """One run store for all notebooks (as `dvc repro` shares results/runs): Tables 4, 5 and Figs. 6, 7
+    render Table 2's runs without training them again."""
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_renders_on_smoke(name, tmp_path, shared_store):
+    import matplotlib.pyplot as plt
+    (tmp_path / "runs").symlink_to(shared_store, target_is_directory=True)  # out_dir/runs is the store
+    cells = _code_cells(name)
+    assert cells[0].lstrip().startswith("# Parameters"), "first code cell must be the parameters cell"
+    ns: dict = {}
+    exec(compile(cells[0], f"{name}[params]", "exec"), ns)
+    ns.update(profile="smoke", out_dir=str(tmp_path), progress=False)   # what papermill would inject
+    for i, src in enumerate(cells[1:], 1):
+        exec(compile(src, f"{name}[cell {i}]", "exec"), ns)
+    plt.close("all")
+    outputs = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".md", ".png", ".csv")]
+    assert any(p.suffix in (".md", ".png") for p in outputs), outputs
+    prov = json.loads((tmp_path / "provenance.json").read_text())
+    assert prov["profile"] == "smoke" and prov["notebook"] == name
+    for md in tmp_path.rglob("*.md"):
+        assert "profile=smoke" in md.read_text(), md
