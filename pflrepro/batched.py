@@ -43,7 +43,8 @@ import torch
 from torch import nn
 from torch.func import grad_and_value, vmap
 
-from .engine import Context, Divergence, ModelView, Plan, TrainStats, ce_loss, derive_seed, is_batchable
+from .engine import (Context, Divergence, ModelView, Plan, TrainStats, ce_loss, derive_seed, is_batchable,
+                     train_mode)
 
 
 class NotBatchable(RuntimeError):
@@ -318,82 +319,76 @@ def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: 
             loss(ModelView(module, params, bufs), x[i0], y[i0], ax)
         return calls
 
-    was_training = [m.training for m in module.modules()]
-    module.train()
     bad = torch.zeros((), dtype=torch.bool, device=dev)
-    try:
-        with drops.installed():
-            for t in range(Tmax):
-                A = int(active[t])
-                sizes = bsz[:A, t]
-                if (sizes == sizes[0]).all():
-                    groups = [(int(sizes[0]), None)]
+    with train_mode(module), drops.installed():
+        for t in range(Tmax):
+            A = int(active[t])
+            sizes = bsz[:A, t]
+            if (sizes == sizes[0]).all():
+                groups = [(int(sizes[0]), None)]
+            else:
+                groups = [(int(b), np.flatnonzero(sizes == b)) for b in np.unique(sizes)]
+            parts = []
+            for b, pos in groups:
+                sel = slice(0, A) if pos is None else torch.as_tensor(pos, device=dev)
+                take = (lambda tt: tt[:A]) if pos is None else (lambda tt: tt.index_select(0, sel))
+                tp = {nm: take(tt) for nm, tt in P.items()}
+                bufs = {nm: take(tt) for nm, tt in BUF.items()}
+                fz = _take(FZ, fz_dims, sel)
+                ax = _take(AUX, aux_dims, sel)
+                bidx = take(idx_all[:, t, :b])
+                if ps_names:
+                    lidx = take(loc_dev[:, t, :b])
+                    rows = torch.arange(A, device=dev)[:, None] if pos is None else sel[:, None]
+                    ax = {**ax, **{nm: PS[nm][rows, lidx] for nm in ps_names}}
+                if drops.layers:
+                    if b not in calls_for:
+                        calls_for[b] = record_calls(b)
+                    who = range(A) if pos is None else pos
+                    masks = draw_masks(calls_for[b], [gens[r] for r in who], dev)
                 else:
-                    groups = [(int(b), np.flatnonzero(sizes == b)) for b in np.unique(sizes)]
-                parts = []
-                for b, pos in groups:
-                    sel = slice(0, A) if pos is None else torch.as_tensor(pos, device=dev)
-                    take = (lambda tt: tt[:A]) if pos is None else (lambda tt: tt.index_select(0, sel))
-                    tp = {nm: take(tt) for nm, tt in P.items()}
-                    bufs = {nm: take(tt) for nm, tt in BUF.items()}
-                    fz = _take(FZ, fz_dims, sel)
-                    ax = _take(AUX, aux_dims, sel)
-                    bidx = take(idx_all[:, t, :b])
-                    if ps_names:
-                        lidx = take(loc_dev[:, t, :b])
-                        rows = torch.arange(A, device=dev)[:, None] if pos is None else sel[:, None]
-                        ax = {**ax, **{nm: PS[nm][rows, lidx] for nm in ps_names}}
-                    if drops.layers:
-                        if b not in calls_for:
-                            calls_for[b] = record_calls(b)
-                        who = range(A) if pos is None else pos
-                        masks = draw_masks(calls_for[b], [gens[r] for r in who], dev)
-                    else:
-                        masks = []
-                    try:
-                        g, v = step(tp, fz, bufs, ax, x[bidx], y[bidx], masks)
-                    except RuntimeError as e:
-                        if "randomness" in str(e) and t == 0:
-                            raise NotBatchable(f"the loss term draws random numbers the batched engine cannot "
-                                               f"reproduce per client: {e}") from e
-                        raise
-                    if pos is not None:           # gathered copies: BN statistics go back to the stack
-                        for nm, tt in BUF.items():
-                            tt.index_copy_(0, sel, bufs[nm])
-                    parts.append((pos, sel, b, g, v))
-                # gradients of the whole active prefix
-                if len(parts) == 1:
-                    G, vals = parts[0][3], parts[0][4]
-                else:
-                    G = {nm: torch.empty((A,) + tuple(tt.shape[1:]), dtype=tt.dtype, device=dev) for nm, tt in P.items()}
-                    vals = torch.empty(A, dtype=parts[0][4].dtype, device=dev)
-                    for pos, sel, b, g, v in parts:
-                        for nm in G:
-                            G[nm].index_copy_(0, sel, g[nm])
-                        vals.index_copy_(0, sel, v)
-                nb = torch.as_tensor(sizes, dtype=torch.float64, device=dev)
-                if dev.type == "cpu":
-                    if not bool(torch.isfinite(vals).all()):
-                        r = int(torch.nonzero(~torch.isfinite(vals))[0])
-                        raise Divergence(f"loss became {vals[r].item()} at local step {t} of the client at "
-                                         f"position {order[r]} of this batch of clients: the run diverged "
-                                         f"(lower the learning rate, or check the loss term)")
-                else:
-                    bad |= ~torch.isfinite(vals).all()
-                tot[:A] += vals.double() * nb
-                cnt[:A] += sizes
-                if grad_clip > 0:
-                    norms = torch.stack([torch.linalg.vector_norm(G[nm].reshape(A, -1), 2, dim=1) for nm in G], 1)
-                    total = torch.linalg.vector_norm(norms, 2, dim=1)
-                    coef = torch.clamp(grad_clip / (total + 1e-6), max=1.0)
+                    masks = []
+                try:
+                    g, v = step(tp, fz, bufs, ax, x[bidx], y[bidx], masks)
+                except RuntimeError as e:
+                    if "randomness" in str(e) and t == 0:
+                        raise NotBatchable(f"the loss term draws random numbers the batched engine cannot "
+                                           f"reproduce per client: {e}") from e
+                    raise
+                if pos is not None:           # gathered copies: BN statistics go back to the stack
+                    for nm, tt in BUF.items():
+                        tt.index_copy_(0, sel, bufs[nm])
+                parts.append((pos, sel, b, g, v))
+            # gradients of the whole active prefix
+            if len(parts) == 1:
+                G, vals = parts[0][3], parts[0][4]
+            else:
+                G = {nm: torch.empty((A,) + tuple(tt.shape[1:]), dtype=tt.dtype, device=dev) for nm, tt in P.items()}
+                vals = torch.empty(A, dtype=parts[0][4].dtype, device=dev)
+                for pos, sel, b, g, v in parts:
                     for nm in G:
-                        G[nm].mul_(coef.view((A,) + (1,) * (G[nm].dim() - 1)))
-                sgd_update([p[:A] for p in P.values()], [G[nm] for nm in P],
-                           [MOM[nm][:A] for nm in P] if momentum else [],
-                           lr=lr, momentum=momentum, weight_decay=weight_decay, first=t == 0)
-    finally:
-        for m, w in zip(module.modules(), was_training):
-            m.training = w
+                        G[nm].index_copy_(0, sel, g[nm])
+                    vals.index_copy_(0, sel, v)
+            nb = torch.as_tensor(sizes, dtype=torch.float64, device=dev)
+            if dev.type == "cpu":
+                if not bool(torch.isfinite(vals).all()):
+                    r = int(torch.nonzero(~torch.isfinite(vals))[0])
+                    raise Divergence(f"loss became {vals[r].item()} at local step {t} of the client at "
+                                     f"position {order[r]} of this batch of clients: the run diverged "
+                                     f"(lower the learning rate, or check the loss term)")
+            else:
+                bad |= ~torch.isfinite(vals).all()
+            tot[:A] += vals.double() * nb
+            cnt[:A] += sizes
+            if grad_clip > 0:
+                norms = torch.stack([torch.linalg.vector_norm(G[nm].reshape(A, -1), 2, dim=1) for nm in G], 1)
+                total = torch.linalg.vector_norm(norms, 2, dim=1)
+                coef = torch.clamp(grad_clip / (total + 1e-6), max=1.0)
+                for nm in G:
+                    G[nm].mul_(coef.view((A,) + (1,) * (G[nm].dim() - 1)))
+            sgd_update([p[:A] for p in P.values()], [G[nm] for nm in P],
+                       [MOM[nm][:A] for nm in P] if momentum else [],
+                       lr=lr, momentum=momentum, weight_decay=weight_decay, first=t == 0)
     if dev.type != "cpu" and bool(bad):
         raise Divergence("a loss became non-finite during batched local training: the run diverged "
                          "(lower the learning rate, or check the loss term)")
@@ -458,21 +453,17 @@ def _activation_bytes(module, plan, xb, yb) -> int:
                 total[0] += o.numel() * o.element_size()
     leaves = [m for m in module.modules() if not any(True for _ in m.children())]
     handles = [m.register_forward_hook(hook) for m in leaves]
-    was = [m.training for m in module.modules()]
-    module.train()
     names_p = {n for n, _ in module.named_parameters()}
     params = {n: t for n, t in plan.start.items() if n in names_p}
     bufs = {n: t.clone() for n, t in plan.start.items() if n not in names_p}
     ax = {**plan.aux, **{k: v[:len(yb)] for k, v in plan.per_sample.items()}}
     try:
-        with torch.no_grad():
+        with torch.no_grad(), train_mode(module):
             loss = plan.loss if is_batchable(plan.loss) else ce_loss
             loss(ModelView(module, params, bufs), xb, yb, ax)
     finally:
         for h in handles:
             h.remove()
-        for m, w in zip(module.modules(), was):
-            m.training = w
     return total[0]
 
 

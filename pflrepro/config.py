@@ -98,7 +98,8 @@ RUN_SCHEMA: dict[str, Param] = {
     "device": Param(str, "cpu", "'cpu', 'cuda' or 'auto'", choices=("cpu", "cuda", "auto")),
     "engine": Param(str, "auto", "local training: 'batched' trains the selected clients together (pflrepro.batched; "
                     "algorithms whose client step is a Plan), 'per_client' one after another (the reference), "
-                    "'auto' batched wherever it applies", choices=("auto", "batched", "per_client")),
+                    "'auto' batched wherever it applies (on a CPU, models with grouped convolutions train per client: "
+                    "faster there)", choices=("auto", "batched", "per_client")),
     "memory_budget_mb": Param(float, 4096.0, "batched engine: memory for one chunk of clients trained together "
                               "(estimated: stacked weights, gradients, momentum, activations); clients are chunked "
                               "to fit, and a run where one client cannot fit stops before round 1 ('auto': falls "

@@ -13,6 +13,7 @@ reads back:
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -59,6 +60,18 @@ def ce_loss(net, x: torch.Tensor, y: torch.Tensor, aux: dict | None = None) -> t
     return F.cross_entropy(net(x), y)
 
 
+@contextlib.contextmanager
+def train_mode(module: nn.Module, train: bool = True):
+    """Every submodule in train (or eval) mode for the block; each one's own flag restored after."""
+    was = [m.training for m in module.modules()]
+    module.train(train)
+    try:
+        yield module
+    finally:
+        for m, w in zip(module.modules(), was):
+            m.training = w
+
+
 class ModelView:
     """The model as a batchable loss term sees it.
 
@@ -70,6 +83,7 @@ class ModelView:
         self.module = module
         self._params = params
         self._buffers = buffers
+        self._buffer_names: set | None = None
 
     @property
     def params(self) -> dict:
@@ -87,16 +101,11 @@ class ModelView:
         """Forward of the same architecture with `state` (parameters and buffers, e.g. a teacher's),
         in train mode (dropout active, BN on batch statistics) or eval mode. `state` is never
         modified (BN running statistics, updated in train mode, go to copies)."""
-        mod = self.module
-        was = [m.training for m in mod.modules()]
-        mod.train(train)
-        try:
-            names = {n for n, _ in mod.named_buffers()}
-            st = {n: (t.clone() if (train and n in names) else t) for n, t in state.items()}
-            return torch.func.functional_call(mod, st, (x,))
-        finally:
-            for m, w in zip(mod.modules(), was):
-                m.training = w
+        if self._buffer_names is None:
+            self._buffer_names = {n for n, _ in self.module.named_buffers()}
+        with train_mode(self.module, train):
+            st = {n: (t.clone() if (train and n in self._buffer_names) else t) for n, t in state.items()}
+            return torch.func.functional_call(self.module, st, (x,))
 
 
 @dataclass

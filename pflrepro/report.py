@@ -191,10 +191,7 @@ def curves(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
 
 def plot_curves(df: pd.DataFrame, metric: str = "pm_acc_mean", title: str = "", ylabel: str = "accuracy (%)"):
     """Learning curves with a band of +- one std over seeds (seaborn), one panel per setting."""
-    import matplotlib
-    matplotlib.use("Agg", force=False)
-    import seaborn as sns
-    sns.set_theme(style="whitegrid", context="notebook")
+    sns = _sns()
     g = sns.relplot(data=df, x="round", y=metric, hue="method", col="panel" if "panel" in df else "setting", kind="line",
                     errorbar="sd", height=3.6, aspect=1.25, facet_kws={"sharey": False})
     g.set_axis_labels("communication round", ylabel)
