@@ -12,7 +12,6 @@ Outputs: results/<name>/{<stem>.md, <stem>.csv, runs.csv, provenance.json}, figu
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -52,7 +51,8 @@ class Experiment:
         else the available one with the most clients, with a note saying so (mini runs pFedSD's
         20-client setting only, so Table 4, Table 5 and Fig. 7 show that one there)."""
         wanted = self.P.get("scale")
-        avail = sorted(set(available), key=lambda s: (_n_clients(s), s))
+        clients = {report.paper_setting(s, c.dataset): c.n_clients for (_, s, _), c in self.configs.items()}
+        avail = sorted(set(available), key=lambda s: (clients.get(s, 0), s))
         if wanted in avail:
             return wanted, ""
         if not avail:
@@ -105,8 +105,3 @@ def _display_markdown(md: str) -> None:
     except ImportError:
         pass
     print(md)
-
-
-def _n_clients(setting: str) -> int:
-    m = re.search(r"(\d+)\s*clients", str(setting))
-    return int(m.group(1)) if m else 0
