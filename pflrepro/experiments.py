@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from .config import ConfigError, RunConfig
-from .runs import REPO_ROOT, RunResult, results_root, run
+from .runs import REPO_ROOT, RunResult, results_root, run, run_dir
 
 PROFILES = ("smoke", "mini", "paper")
 
@@ -122,11 +122,27 @@ def grid(p: dict) -> dict:
     return out
 
 
-def run_grid(configs: dict, root: Path | str | None = None, progress: bool = True) -> dict[tuple, RunResult]:
-    """Run (or load from the store) every config; one bar over runs, one per run."""
+def run_grid(configs: dict, root: Path | str | None = None, progress: bool = True,
+             jobs: int | str | None = None) -> dict[tuple, RunResult]:
+    """Run (or load from the store) every config; one bar over runs.
+
+    Missing runs train `jobs` at a time (pflrepro.parallel: None = $PFLREPRO_JOBS or "auto"); with
+    one job each run also shows its own bar. Two keys naming the same config share one run."""
     from tqdm.auto import tqdm
+
+    from . import parallel
+    todo = {}
+    for cfg in configs.values():
+        path = run_dir(cfg, root)
+        if not (path / "summary.json").exists():
+            todo.setdefault(path, cfg)
+    n_jobs = parallel.resolve_jobs(jobs, list(todo.values())) if todo else 1
+    if n_jobs > 1:  # even for one missing run: its thread count must not depend on what else is missing
+        bar = tqdm(total=len(todo), desc=f"runs ({n_jobs} at once)", unit="run", disable=not progress)
+        parallel.train_all(list(todo.values()), root, n_jobs, on_done=lambda cfg: bar.update(1))
+        bar.close()
     results = {}
-    bar = tqdm(configs.items(), desc="runs", unit="run", disable=not progress)
+    bar = tqdm(configs.items(), desc="runs", unit="run", disable=not progress or n_jobs > 1)
     for key, cfg in bar:
         bar.set_postfix_str(f"{key[0]} / {key[1]} / seed {key[2]}")
         results[key] = run(cfg, root=root, progress=progress)

@@ -35,8 +35,9 @@ class Experiment:
             print(f"{name}: profile={self.profile}, {len(self.configs)} runs, store {self.store}")
 
     # ---- run
-    def run(self, progress: bool = True) -> dict:
-        self.results = experiments.run_grid(self.configs, root=self.store, progress=progress)
+    def run(self, progress: bool = True, jobs: int | str | None = None) -> dict:
+        """Load stored runs, train missing ones (`jobs` at once: pflrepro.parallel)."""
+        self.results = experiments.run_grid(self.configs, root=self.store, progress=progress, jobs=jobs)
         return self.results
 
     # ---- data for rendering

@@ -15,7 +15,8 @@ PARAMS = '''# Parameters (papermill injects overrides after this cell)
 profile = None        # None: the profile set in params/{name}.yaml; or smoke, mini, paper
 overrides = {{}}        # merged into the profile, e.g. {{"base": {{"lr": 0.05}}}} for a sweep point
 out_dir = None        # None: results/{name} and figures/{name}; set it for sweeps
-progress = True'''
+progress = True
+jobs = None           # runs trained at once: None = $PFLREPRO_JOBS or "auto" (CPU cores; 1 on a GPU)'''
 
 SETUP = '''import pandas as pd
 from pflrepro import report
@@ -23,7 +24,7 @@ from pflrepro.notebook import Experiment
 
 E = Experiment("{name}", profile, overrides, out_dir)'''
 
-RUN = "results = E.run(progress)   # stored runs are loaded, missing ones trained (resumable)"
+RUN = "results = E.run(progress, jobs)   # stored runs are loaded, missing ones trained (resumable)"
 
 ACCURACY_TABLE = '''table = report.compare_table(E.tidy(), E.paper())
 E.table(table, "{title} (personalized accuracy %, best round ± std over seeds; last10 = mean of the last 10 evaluations)")

@@ -36,6 +36,11 @@ class Algorithm:
     weighted = True           # aggregate weighted by n_k (False: plain mean, as pFedSD's code)
     heterogeneous = False     # True: runs with per-client architectures (`models`): exchanges no whole models
 
+    @classmethod
+    def relative_cost(cls, hparams: dict) -> float:
+        """Compute per local sample relative to FedAvg; only orders a grid's runs (longest first)."""
+        return 1.0
+
     def __init__(self, ctx: Context, **hparams):
         self.ctx = ctx
         self.hp = check_params("hparams", hparams, self.HPARAMS)  # defaults filled, ranges checked

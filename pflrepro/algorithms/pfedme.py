@@ -46,6 +46,10 @@ class PFedMe(Algorithm):
                             "from the current w ('w')", choices=("warm", "w")),
     }
 
+    @classmethod
+    def relative_cost(cls, hparams):
+        return float(hparams.get("K", cls.HPARAMS["K"].default))  # K inner passes per batch
+
     def client_update(self, rnd, k, server, cstate):
         net = self.ctx.model(k, server["params"])
         theta = self.ctx.make_model(k).to(self.ctx.device)   # the personalized model, theta = w^t at start

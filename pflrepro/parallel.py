@@ -1,0 +1,185 @@
+"""Run the missing runs of a grid side by side, one process each, on a CPU.
+
+A small CNN step does not fill two cores (LeNet, B=16: 2 threads are 1.3x faster than 1), so two
+runs at one thread each finish a grid sooner than the same runs one after another at two threads
+(measured: docs/performance.md, "Runs side by side").
+
+`jobs` is an execution setting, not part of a run's identity: it never enters the run store's key.
+    None     -> $PFLREPRO_JOBS if set, else "auto"
+    "auto"   -> 1 on a GPU; else min(CPU cores, GiB available // 2)
+    int >= 1 -> that many runs at once
+
+Determinism. Every run is seeded by its own config, so neither the order runs finish in nor which
+process trains them changes a metric. The thread count can: CPU kernels split their sums by thread
+(measured: LeNet's conv1 and head gradients differ in the last bits between 1 and 2 threads). So
+every run of a grid gets cores // jobs threads, whatever else is pending: a grid, or a run
+resumed after an interruption, gives the same bits again at the same `jobs` on the same machine
+(tests/test_parallel.py), and each run's provenance.json records its `torch_threads`.
+
+The calling process trains too (it has torch loaded already); each further job is one worker
+process (`Worker`), started once per grid and fed by a thread.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import traceback
+from pathlib import Path
+
+from .config import ConfigError, RunConfig
+
+GIB_PER_JOB = 2  # a paper-profile CIFAR run holds its dataset (~0.7 GiB as float) and models
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _available_gib() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return float("inf")
+
+
+def resolve_jobs(jobs, configs: list[RunConfig]) -> int:
+    """How many runs to train at once (see module doc); a clear error for a bad value."""
+    if jobs is None:
+        jobs = os.environ.get("PFLREPRO_JOBS", "auto")
+    if isinstance(jobs, str) and jobs.strip().isdigit():
+        jobs = int(jobs)
+    if jobs == "auto":
+        from .runs import resolve_device
+        if any(resolve_device(c.device).type != "cpu" for c in configs):
+            return 1  # one accelerator: runs would only queue for it
+        jobs = min(cpu_cores(), max(1, int(_available_gib() // GIB_PER_JOB)))
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ConfigError(f"jobs={jobs!r}: expected 'auto' or an integer >= 1 (runs trained at once)")
+    return jobs
+
+
+def threads_per_run(jobs: int) -> int:
+    return max(1, cpu_cores() // jobs)
+
+
+def work(cfg: RunConfig) -> float:
+    """Rough relative cost of a run, to start the longest first (the last to finish sets the wall time)."""
+    from .algorithms import ALGORITHMS
+    clients = max(1.0, cfg.n_clients * cfg.participation)
+    cost = ALGORITHMS[cfg.algorithm].relative_cost(cfg.hparams)
+    return cfg.rounds * clients * cfg.local_epochs * cfg.subsample * cost
+
+
+class Worker:
+    """A `python -m pflrepro.parallel` process that trains the configs it is sent, one at a time.
+    A plain subprocess, not multiprocessing: no re-import of the caller's __main__ (a script
+    without a main guard, a notebook kernel, pytest all work), and a dead worker is an EOF,
+    reported with its exit code, never a hang."""
+
+    def __init__(self, threads: int):
+        src = str(Path(__file__).resolve().parents[1])  # importable even without `pip install -e .`
+        env = {**os.environ, "PFLREPRO_WORKER_THREADS": str(threads),
+               "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+        self.proc = subprocess.Popen([sys.executable, "-m", "pflrepro.parallel"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, text=True)
+
+    def train(self, cfg: RunConfig, root) -> None:
+        self.proc.stdin.write(json.dumps({"config": cfg.to_dict(), "root": root and str(root)}) + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline()
+        if not reply:
+            raise RuntimeError(f"run worker exited (code {self.proc.wait()}) while training {cfg.algorithm} "
+                               f"seed {cfg.seed}; its stderr is above")
+        reply = json.loads(reply)
+        if "error" in reply:
+            raise RuntimeError(f"{cfg.algorithm} seed {cfg.seed} failed in a run worker:\n{reply['error']}")
+
+    def close(self, kill: bool = False) -> None:
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.stdin.close()
+        self.proc.wait()
+
+
+def _serve() -> None:
+    """Worker side: one JSON task per stdin line, one JSON reply per stdout line."""
+    import torch
+
+    from .runs import run
+    torch.set_num_threads(int(os.environ.get("PFLREPRO_WORKER_THREADS", "1")))
+    replies, sys.stdout = sys.stdout, sys.stderr  # anything a run prints goes to stderr
+    for line in sys.stdin:
+        task = json.loads(line)
+        try:
+            run(task["config"], root=task["root"], progress=False)
+            replies.write(json.dumps({"ok": True}) + "\n")
+        except Exception:  # noqa: BLE001 - reported to the caller, which raises it
+            replies.write(json.dumps({"error": traceback.format_exc()}) + "\n")
+        replies.flush()
+
+
+def train_all(configs: list[RunConfig], root: Path | str | None, jobs: int, on_done=None) -> None:
+    """Train `configs` (distinct runs, none stored yet) up to `jobs` at once, each at
+    threads_per_run(jobs) threads; results land in `root`. The first error stops handing out runs
+    and is raised once the others have stopped."""
+    import torch
+
+    from .runs import run
+    queue = sorted(configs, key=work, reverse=True)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def take():
+        with lock:
+            return queue.pop(0) if queue and not errors else None
+
+    def loop(train_one):
+        while (cfg := take()) is not None:
+            try:
+                train_one(cfg)
+            except Exception as e:  # noqa: BLE001 - raised below once the other jobs stop
+                with lock:
+                    errors.append(e)
+                return
+            if on_done:
+                on_done(cfg)
+
+    threads = threads_per_run(jobs)
+    workers = [Worker(threads) for _ in range(min(jobs, len(configs)) - 1)]
+    feeders = [threading.Thread(target=loop, args=(lambda c, w=w: w.train(c, root),), daemon=True)
+               for w in workers]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for t in feeders:
+            t.start()
+        loop(lambda c: run(c, root=root, progress=False))
+        for t in feeders:
+            t.join()
+    except BaseException:  # e.g. KeyboardInterrupt in a notebook: stop the other runs now
+        with lock:
+            queue.clear()
+        for w in workers:
+            w.close(kill=True)
+        raise
+    finally:
+        torch.set_num_threads(before)
+    for w in workers:
+        w.close()
+    if errors:
+        raise errors[0]
+
+
+if __name__ == "__main__":
+    _serve()

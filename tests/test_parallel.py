@@ -1,0 +1,113 @@
+"""Runs side by side (pflrepro.parallel): same bits as one after another, resumable, clear failures."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pflrepro import experiments, parallel
+from pflrepro.config import ConfigError, RunConfig
+from pflrepro.runs import run, run_dir
+
+from .conftest import FMNIST_AVAILABLE, small_cfg
+
+needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
+
+
+def _grid() -> dict:
+    """Five distinct runs plus one key naming an already-listed config (trained once, shared)."""
+    out = {}
+    for algo, hp in (("fedavg", {}), ("fedper", {"head_layers": 2}), ("pfedme", {"K": 2})):
+        for seed in (0, 1):
+            out[(algo, "s", seed)] = RunConfig.from_dict(small_cfg(algorithm=algo, hparams=hp, seed=seed,
+                                                                   rounds=2, subsample=0.02))
+    del out[("fedper", "s", 1)]
+    out[("fedavg again", "s", 0)] = out[("fedavg", "s", 0)]
+    return out
+
+
+def _metrics(path) -> list[dict]:
+    rows = (path / "metrics.csv").read_text().splitlines()
+    head = rows[0].split(",")
+    keep = [i for i, h in enumerate(head) if h != "seconds"]  # wall time is not a metric
+    return [[r.split(",")[i] for i in keep] for r in rows]
+
+
+@needs_fmnist
+def test_two_jobs_give_the_same_bits_as_one_after_another_at_the_same_threads(tmp_path):
+    grid = _grid()
+    par = experiments.run_grid(grid, root=tmp_path / "par", progress=False, jobs=2)
+    threads = parallel.threads_per_run(2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        seq = {k: run(c, root=tmp_path / "seq", progress=False) for k, c in grid.items()}
+    finally:
+        torch.set_num_threads(before)
+    assert torch.get_num_threads() == before          # the grid gave the caller its threads back
+    assert len(list((tmp_path / "par").iterdir())) == 5  # the duplicate key trained once
+    for k in grid:
+        assert _metrics(par[k].path) == _metrics(seq[k].path), k
+        assert par[k].provenance["torch_threads"] == threads
+    assert _metrics(par[("fedavg", "s", 0)].path) != _metrics(par[("fedavg", "s", 1)].path)  # seeds matter
+
+
+@needs_fmnist
+def test_a_worker_killed_mid_run_fails_the_grid_and_the_rerun_resumes_to_the_same_bits(tmp_path, monkeypatch):
+    cfg = RunConfig.from_dict(small_cfg(rounds=3, subsample=0.02, checkpoint_every=1))
+    monkeypatch.setenv("PFLREPRO_DIE_AFTER_ROUND", "2")
+    w = parallel.Worker(threads=parallel.threads_per_run(2))  # the hook reaches the worker only
+    monkeypatch.delenv("PFLREPRO_DIE_AFTER_ROUND")
+    with pytest.raises(RuntimeError, match=r"run worker exited \(code -9\)"):
+        w.train(cfg, tmp_path / "killed")
+    w.close()
+    path = run_dir(cfg, tmp_path / "killed")
+    assert (path / "checkpoint.pt").exists() and not (path / "summary.json").exists()
+    other = RunConfig.from_dict(small_cfg(rounds=3, subsample=0.02, seed=1))
+    grid = {("a", "s", 0): cfg, ("b", "s", 1): other}
+    resumed = experiments.run_grid(grid, root=tmp_path / "killed", progress=False, jobs=2)
+    clean = experiments.run_grid(grid, root=tmp_path / "clean", progress=False, jobs=2)
+    assert resumed[("a", "s", 0)].provenance["resumed_from_round"] == 2
+    assert _metrics(resumed[("a", "s", 0)].path) == _metrics(clean[("a", "s", 0)].path)
+
+
+def test_an_error_inside_a_worker_is_raised_with_its_traceback(tmp_path, monkeypatch):
+    monkeypatch.setenv("PFLREPRO_DATA", str(tmp_path / "no-data"))  # CIFAR-10 is not here: loading fails
+    w = parallel.Worker(threads=1)
+    bad = RunConfig.from_dict(small_cfg(dataset="cifar10"))
+    try:
+        with pytest.raises(RuntimeError, match="failed in a run worker:\n.*Traceback") as e:
+            w.train(bad, tmp_path)
+        with pytest.raises(Exception) as direct:  # the same failure in this process
+            run(bad, root=tmp_path / "direct", progress=False)
+        assert type(direct.value).__name__ in str(e.value)
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("bad", [0, -2, "many", True, 1.5])
+def test_bad_jobs_values_are_refused_clearly(bad):
+    with pytest.raises(ConfigError, match=r"jobs=.*expected 'auto' or an integer >= 1"):
+        parallel.resolve_jobs(bad, [])
+
+
+def test_jobs_from_argument_environment_and_auto(monkeypatch):
+    cpu = RunConfig.from_dict(small_cfg(device="cpu"))
+    assert parallel.resolve_jobs(3, [cpu]) == 3          # not capped by the runs pending: see threads_per_run
+    assert parallel.resolve_jobs("2", [cpu]) == 2
+    monkeypatch.setenv("PFLREPRO_JOBS", "1")
+    assert parallel.resolve_jobs(None, [cpu]) == 1
+    monkeypatch.setenv("PFLREPRO_JOBS", "auto")
+    auto = parallel.resolve_jobs(None, [cpu])
+    assert 1 <= auto <= parallel.cpu_cores()
+    assert parallel.threads_per_run(auto) * auto <= max(parallel.cpu_cores(), auto)
+    monkeypatch.setenv("PFLREPRO_JOBS", "zero")
+    with pytest.raises(ConfigError, match="jobs='zero'"):
+        parallel.resolve_jobs(None, [cpu])
+
+
+def test_runs_are_ordered_longest_first():
+    quick = RunConfig.from_dict(small_cfg(rounds=2))
+    long_rounds = quick.replace(rounds=20)
+    pfedme = quick.replace(algorithm="pfedme", hparams={"K": 5})
+    assert parallel.work(long_rounds) == 10 * parallel.work(quick)
+    assert parallel.work(pfedme) == 5 * parallel.work(quick)
