@@ -16,7 +16,7 @@ profile = None        # None: the profile set in params/{name}.yaml; or smoke, m
 overrides = {{}}        # merged into the profile, e.g. {{"base": {{"lr": 0.05}}}} for a sweep point
 out_dir = None        # None: results/{name} and figures/{name}; set it for sweeps
 progress = True
-jobs = None           # runs trained at once: None = $PFLREPRO_JOBS or "auto" (CPU cores; 1 on a GPU)'''
+jobs = None           # runs trained at once; None: $PFLREPRO_JOBS or auto (CPU cores, 1 on a GPU)'''
 
 SETUP = '''import pandas as pd
 from pflrepro import report

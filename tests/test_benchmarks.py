@@ -112,3 +112,30 @@ def test_bench_engines_quick(tmp_path):
         # rounding); the conventional loop's DataLoader draws another seeded order, so only close
         assert float(bt["loss_vs_per_client"]) == pytest.approx(1.0, abs=1e-3), w
         assert float(conv["loss_vs_per_client"]) == pytest.approx(1.0, abs=0.1), w
+
+
+JOBS_SCRIPT = REPO / "benchmarks" / "bench_jobs.py"
+JOBS_COLUMNS = ["notebook", "profile", "mode", "jobs", "threads_per_run", "runs", "seconds", "runs_per_min",
+                "speedup", "same_metrics"]
+
+
+@pytest.mark.slow
+def test_bench_jobs_quick(tmp_path):
+    from pflrepro import parallel
+    if parallel.resolve_jobs("auto", []) < 2:
+        pytest.skip("one core: no side-by-side runs to compare")
+    proc = subprocess.run([sys.executable, str(JOBS_SCRIPT), "--quick", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and "DatasetUnavailable" in proc.stderr + proc.stdout:
+        pytest.skip("Fashion-MNIST is not available offline (see scripts/setup.sh)")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]  # rc 1: side_by_side changed a metric
+    assert "metrics equal the same-threads reference: True" in proc.stdout
+    with open(tmp_path / "bench_jobs.csv") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == JOBS_COLUMNS
+        rows = list(reader)
+    assert [r["mode"] for r in rows] == ["one_after_another", "one_after_another_same_threads", "side_by_side"]
+    assert rows[2]["same_metrics"] == "True" and int(rows[2]["jobs"]) >= 2
+    for r in rows:
+        assert int(r["runs"]) == 7 and float(r["seconds"]) > 0 and float(r["speedup"]) > 0, r
+    assert float(rows[0]["speedup"]) == 1.0

@@ -32,6 +32,17 @@ def test_every_paper_notebook_is_listed():
     assert len(NOTEBOOKS) >= 20, NOTEBOOKS
 
 
+@pytest.mark.parametrize("name", NOTEBOOKS + ["example"])
+def test_papermill_reads_every_parameter(name, capsys):
+    """papermill's parser must see each parameter (`papermill --help-notebook`, `-p`); a comment it
+    cannot parse (an '=' in it) drops the parameter from its view with only a printed warning."""
+    import nbformat
+    from papermill.translators import PythonTranslator
+    params = PythonTranslator.inspect(nbformat.v4.new_code_cell(_code_cells(name)[0]))
+    assert "Unable to parse" not in capsys.readouterr().out
+    assert {p.name for p in params} >= {"profile", "overrides", "out_dir", "progress", "jobs"}, params
+
+
 @pytest.fixture(scope="module")
 def shared_store(tmp_path_factory):
     """One run store for all notebooks (as `dvc repro` shares results/runs): Tables 4, 5 and Figs. 6, 7
