@@ -52,11 +52,12 @@ def tidy(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
 
 
 def compare(runs: pd.DataFrame, paper: pd.DataFrame | None, on=("method", "setting"), value: str = "best") -> pd.DataFrame:
-    """Mean +- std over seeds of `value`, beside the paper's value and the difference."""
+    """Mean +- std over seeds of `value` (std blank for a single seed), beside the paper's value and the
+    difference."""
     on = list(on)
     g = runs.groupby(on, sort=False)
     out = g[value].agg(["mean", "std", "count"]).reset_index()
-    out["std"] = out["std"].fillna(0.0)
+    # one seed: std stays NaN (printed blank), not 0.00, which would claim a spread of zero
     out["last10"] = g["last10"].mean().values
     out = out.rename(columns={"mean": "reproduced", "std": "repro_std", "count": "seeds"})
     if paper is not None:

@@ -44,3 +44,14 @@ def test_plot_vs_paper_draws_paper_ticks_only_where_the_paper_has_a_number():
     ax = report.plot_vs_paper(table, "t").axes[0]
     ticks = [c for c in ax.collections if c.get_label() == "paper"]
     assert len(ticks) == 1 and ticks[0].get_offsets().shape == (1, 2) and ticks[0].get_offsets()[0, 1] == 85.0
+
+
+def test_single_seed_has_no_std_rather_than_zero():
+    one = _runs().query("seed == 0")
+    out = report.compare(one, None).set_index("method")
+    assert out["seeds"].tolist() == [1, 1] and out["repro_std"].isna().all()
+    md = report.to_markdown(out.reset_index(), "t", "b").splitlines()
+    header = [c.strip() for c in md[4].split("|")]
+    row = [c.strip() for c in md[6].split("|")]
+    assert row[header.index("repro_std")] == ""               # printed blank, not as a zero spread
+    assert "±" not in report.wide(out.reset_index()).iloc[0, 1]
