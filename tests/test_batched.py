@@ -310,6 +310,15 @@ def _run(cfg: dict, **kw):
     return run_rounds(ctx, algo, progress=False, **kw)
 
 
+def _assert_same_as_per_client(got, cfg: dict):
+    """An `auto` fallback is the per-client path itself: every metric equal, not just close."""
+    want = _run({**cfg, "engine": "per_client"})
+    drop = ("seconds",)  # wall time is not a metric
+    assert [{k: v for k, v in h.items() if k not in drop} for h in got.history] == \
+        [{k: v for k, v in h.items() if k not in drop} for h in want.history]
+    assert got.per_client == want.per_client
+
+
 def _assert_same_history(got, want):
     assert len(got.history) == len(want.history) == 2
     for g, w in zip(got.history, want.history):
@@ -403,8 +412,9 @@ def test_auto_trains_grouped_convolutions_per_client_on_cpu(monkeypatch):
     spy = _Spy(monkeypatch)
     cfg = _round_cfg("fedavg", "auto", model="mobilenetv2", n_clients=2, rounds=1, subsample=0.04,
                      partition_params={"alpha": 1.0, "min_size": 8})
-    _run(cfg)
+    auto = _run(cfg)
     assert spy.chunks == []
+    _assert_same_as_per_client(auto, cfg)
     _run({**cfg, "engine": "batched"})
     assert spy.chunks == [2]
 
@@ -425,7 +435,7 @@ def test_batched_engine_refuses_client_update_algorithms_before_round_1(monkeypa
     # engine='auto' runs it, client by client
     res = _run(_round_cfg("fedgh", "auto", rounds=1))
     assert len(res.history) == 1 and spy.chunks == []
-    assert 0.0 <= res.history[0]["pm_acc_mean"] <= 1.0
+    _assert_same_as_per_client(res, _round_cfg("fedgh", "auto", rounds=1))
 
 
 # ---------------------------------------------------------------- 7. memory budget
@@ -444,6 +454,7 @@ def test_tiny_memory_budget_fails_before_round_1(monkeypatch):
     with pytest.warns(UserWarning, match="memory_budget_mb"):
         res = _run(_round_cfg("fedavg", "auto", memory_budget_mb=0.01, rounds=1))
     assert len(res.history) == 1 and spy.chunks == []
+    _assert_same_as_per_client(res, _round_cfg("fedavg", "auto", memory_budget_mb=0.01, rounds=1))
 
 
 def test_memory_budget_chunks_clients_with_the_same_result(monkeypatch):
