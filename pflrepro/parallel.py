@@ -21,6 +21,7 @@ process (`Worker`), started once per grid and fed by a thread.
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -84,22 +85,36 @@ class Worker:
     """A `python -m pflrepro.parallel` process that trains the configs it is sent, one at a time.
     A plain subprocess, not multiprocessing: no re-import of the caller's __main__ (a script
     without a main guard, a notebook kernel, pytest all work), and a dead worker is an EOF,
-    reported with its exit code, never a hang."""
+    reported with its exit code and the last lines it wrote to stderr, never a hang. Its stderr
+    (warnings, errors) is passed on to ours, so a notebook shows it in the cell."""
 
     def __init__(self, threads: int):
         src = str(Path(__file__).resolve().parents[1])  # importable even without `pip install -e .`
         env = {**os.environ, "PFLREPRO_WORKER_THREADS": str(threads),
                "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen([sys.executable, "-m", "pflrepro.parallel"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        self.stderr_tail: collections.deque = collections.deque(maxlen=20)
+        self._relay = threading.Thread(target=self._pass_on_stderr, daemon=True)
+        self._relay.start()
+
+    def _pass_on_stderr(self) -> None:
+        for line in self.proc.stderr:
+            self.stderr_tail.append(line)
+            sys.stderr.write(line)
 
     def train(self, cfg: RunConfig, root) -> None:
-        self.proc.stdin.write(json.dumps({"config": cfg.to_dict(), "root": root and str(root)}) + "\n")
-        self.proc.stdin.flush()
-        reply = self.proc.stdout.readline()
+        try:
+            self.proc.stdin.write(json.dumps({"config": cfg.to_dict(), "root": root and str(root)}) + "\n")
+            self.proc.stdin.flush()
+            reply = self.proc.stdout.readline()
+        except BrokenPipeError:  # it was dead before this run
+            reply = ""
         if not reply:
-            raise RuntimeError(f"run worker exited (code {self.proc.wait()}) while training {cfg.algorithm} "
-                               f"seed {cfg.seed}; its stderr is above")
+            code = self.proc.wait()
+            self._relay.join(timeout=5)
+            raise RuntimeError(f"run worker exited (code {code}) while training {cfg.algorithm} seed {cfg.seed}; "
+                               "the end of its stderr:\n" + "".join(self.stderr_tail))
         reply = json.loads(reply)
         if "error" in reply:
             raise RuntimeError(f"{cfg.algorithm} seed {cfg.seed} failed in a run worker:\n{reply['error']}")
@@ -107,9 +122,12 @@ class Worker:
     def close(self, kill: bool = False) -> None:
         if kill:
             self.proc.kill()
-        else:
-            self.proc.stdin.close()
+        try:
+            self.proc.stdin.close()  # the worker's loop ends; it exits
+        except BrokenPipeError:
+            pass
         self.proc.wait()
+        self._relay.join(timeout=5)
 
 
 def _serve() -> None:

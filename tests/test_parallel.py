@@ -111,3 +111,13 @@ def test_runs_are_ordered_longest_first():
     pfedme = quick.replace(algorithm="pfedme", hparams={"K": 5})
     assert parallel.work(long_rounds) == 10 * parallel.work(quick)
     assert parallel.work(pfedme) == 5 * parallel.work(quick)
+
+
+def test_a_worker_that_crashes_reports_the_end_of_its_stderr(capsys):
+    w = parallel.Worker(threads=1)
+    w.proc.stdin.write("not a task\n")  # the worker's protocol loop dies on it
+    w.proc.stdin.flush()
+    with pytest.raises(RuntimeError, match=r"(?s)run worker exited \(code 1\).*end of its stderr.*JSONDecodeError"):
+        w.train(RunConfig.from_dict(small_cfg()), None)
+    w.close()
+    assert "JSONDecodeError" in capsys.readouterr().err  # passed on to our stderr as it came
