@@ -162,7 +162,8 @@ class RunConfig:
         if top["models"] and top["model"] not in top["models"]:
             raise ConfigError(f"model={top['model']!r} must be one of models={list(top['models'])!r}: the server's "
                               "initial state (shared head, global means) is built with `model`")
-        if len(set(top["models"])) > 1 and not algorithms.ALGORITHMS[top["algorithm"]].heterogeneous:
+        cfg = cls(**top)
+        if cfg.heterogeneous and not algorithms.ALGORITHMS[cfg.algorithm].heterogeneous:
             raise ConfigError(f"algorithm={top['algorithm']!r} averages whole models: it cannot run with heterogeneous "
                               f"models={list(top['models'])!r} (an algorithm class declares `heterogeneous = True` when it can); "
                               "algorithms that can: " + ", ".join(
@@ -170,7 +171,16 @@ class RunConfig:
         if top["split"] == "global_test_by_proportion" and top["pool"] != "train":
             raise ConfigError("split='global_test_by_proportion' samples local tests from the global test set: "
                               "it needs pool='train'")
-        return cls(**top)
+        return cfg
+
+    def arch(self, k: int) -> str:
+        """Client k's architecture: models[k % len(models)], or `model` (also for k = -1, the server)."""
+        return self.models[k % len(self.models)] if (self.models and k >= 0) else self.model
+
+    @property
+    def heterogeneous(self) -> bool:
+        """Clients of different architectures: no whole model can be averaged (the one place this is decided)."""
+        return len(set(self.models)) > 1
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

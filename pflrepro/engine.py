@@ -267,8 +267,7 @@ class Context:
     _inits: dict = field(default_factory=dict)  # initial weights per other architecture (heterogeneous runs)
 
     def arch(self, k: int) -> str:
-        m = self.cfg.models
-        return m[k % len(m)] if (m and k >= 0) else self.cfg.model
+        return self.cfg.arch(k)
 
     def initial(self, k: int) -> dict:
         """Client k's initial weights: the common `init_state` when k has the run's `model`; in

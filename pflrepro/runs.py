@@ -124,8 +124,7 @@ def build_context(cfg: RunConfig, device: torch.device, split: dict | None = Non
     spec = data.spec
 
     def make_model(k: int):
-        arch = cfg.models[k % len(cfg.models)] if (cfg.models and k >= 0) else cfg.model
-        return build_model(arch, spec.channels, spec.num_classes, spec.size)
+        return build_model(cfg.arch(k), spec.channels, spec.num_classes, spec.size)
 
     torch.manual_seed(derive_seed(cfg.seed, 0x1A17))
     init = {n: t.detach().clone() for n, t in make_model(-1).to(device).state_dict().items()}

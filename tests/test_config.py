@@ -43,3 +43,13 @@ def test_heterogeneous_models_need_an_algorithm_that_exchanges_no_whole_model():
     assert RunConfig.from_dict({"algorithm": "fedavg", "model": "cnn1", "models": ["cnn1", "cnn1"]}).models == ("cnn1", "cnn1")
     with pytest.raises(ConfigError, match="must be one of models"):   # the server state is built with `model`
         RunConfig.from_dict({"algorithm": "lg_fedavg", "model": "cnn_fmnist", "models": ["cnn4", "cnn5"]})
+
+
+def test_client_architecture_cycles_through_models_and_the_server_uses_model():
+    het = RunConfig.from_dict({"algorithm": "local", "model": "cnn2", "models": ["cnn1", "cnn2", "cnn3"]})
+    assert [het.arch(k) for k in range(5)] == ["cnn1", "cnn2", "cnn3", "cnn1", "cnn2"]
+    assert het.arch(-1) == "cnn2" and het.heterogeneous
+    same = RunConfig.from_dict({"algorithm": "fedavg", "model": "cnn1", "models": ["cnn1", "cnn1"]})
+    assert not same.heterogeneous and same.arch(1) == "cnn1"
+    plain = RunConfig.from_dict({"algorithm": "fedavg", "model": "cnn1"})
+    assert not plain.heterogeneous and plain.arch(7) == "cnn1"

@@ -108,7 +108,7 @@ class Algorithm:
     def averaged_personal_model(self, server: dict, clients: dict) -> nn.Module | None:
         """SCD Remark 4.1: a PFL method without a GM is scored on the global test set by
         the plain average of its personal models (homogeneous architectures only)."""
-        if self.ctx.cfg.models and len(set(self.ctx.cfg.models)) > 1:
+        if self.ctx.cfg.heterogeneous:
             return None
         states = [c["params"] for c in clients.values() if c and "params" in c]
         if not states:

@@ -53,7 +53,7 @@ class FedPer(Algorithm):
 
     def averaged_personal_model(self, server, clients):
         states = [self.local_state(k, server, c) for k, c in clients.items() if c]
-        if not states or len({self.ctx.arch(k) for k in clients}) > 1:  # heterogeneous: nothing to average
+        if not states or self.ctx.cfg.heterogeneous:  # nothing to average
             return None
         return self.ctx.model(-1, plain_average(states))
 
