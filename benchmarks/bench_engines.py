@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench_fedavg import _cpu_seconds, _fmt, _other_cpu_share, forward_flops  # noqa: E402
-from bench_fedavg import matmul_peak as cpu_matmul_peak  # noqa: E402
+from bench_fedavg import matmul_peak as shared_matmul_peak  # noqa: E402
 
 ENGINES = ("conventional", "per_client", "batched")
 COLUMNS = ("workload", "engine", "device", "dataset", "model", "clients", "clients_per_round", "batch_size",
@@ -324,26 +324,10 @@ def child(job: dict) -> list[dict]:
 
 # ---------------------------------------------------------------- parent: peak, orchestration, report
 def matmul_peak(device: torch.device, quick: bool) -> dict[int, float]:
-    """Best float32 matmul FLOP/s per square size (2 n^3 / t), torch's default settings."""
+    """Best float32 matmul FLOP/s per square size (bench_fedavg.matmul_peak), sizes that fill the device."""
     if device.type == "cpu":
-        return cpu_matmul_peak((1024,) if quick else (1024, 2048), reps=4 if quick else 8)
-    out = {}
-    for n in ((4096,) if quick else (4096, 8192)):
-        a = torch.randn(n, n, device=device)
-        b = torch.randn(n, n, device=device)
-        c = torch.empty(n, n, device=device)
-        for _ in range(3):
-            torch.mm(a, b, out=c)
-        best = math.inf
-        for _ in range(10):
-            torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            torch.mm(a, b, out=c)
-            torch.cuda.synchronize(device)
-            best = min(best, time.perf_counter() - t0)
-        out[n] = 2.0 * n ** 3 / best
-        del a, b, c
-    return out
+        return shared_matmul_peak((1024,) if quick else (1024, 2048), reps=4 if quick else 8)
+    return shared_matmul_peak((4096,) if quick else (4096, 8192), reps=10, warmup=3, device=device)
 
 
 def spawn(job: dict) -> list[dict]:

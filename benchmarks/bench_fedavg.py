@@ -50,22 +50,31 @@ COLUMNS = ("workload", "model", "rounds", "repeats", "clients", "samples_per_rou
            "peak_flops", "ratio_to_peak", "threads")
 
 
-def matmul_peak(sizes=(1024, 2048), reps: int = 8, warmup: int = 2) -> dict[int, float]:
-    """Best FLOP/s of float32 torch.mm per square size n (2 n^3 FLOPs per product)."""
+def matmul_peak(sizes=(1024, 2048), reps: int = 8, warmup: int = 2, device: torch.device | None = None) -> dict[int, float]:
+    """Best FLOP/s of float32 torch.mm per square size n (2 n^3 FLOPs per product), on `device`
+    (default CPU; CUDA is synchronized around each product). The one peak every benchmark uses."""
+    device = device or torch.device("cpu")
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     out = {}
     for n in sizes:
         g = torch.Generator().manual_seed(n)
-        a = torch.randn(n, n, generator=g)
-        b = torch.randn(n, n, generator=g)
-        c = torch.empty(n, n)
+        a = torch.randn(n, n, generator=g).to(device)
+        b = torch.randn(n, n, generator=g).to(device)
+        c = torch.empty(n, n, device=device)
         for _ in range(warmup):
             torch.mm(a, b, out=c)
         best = math.inf
         for _ in range(reps):
+            sync()
             t0 = time.perf_counter()
             torch.mm(a, b, out=c)
+            sync()
             best = min(best, time.perf_counter() - t0)
         out[n] = 2.0 * n ** 3 / best
+        del a, b, c
     return out
 
 
