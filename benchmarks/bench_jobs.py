@@ -35,7 +35,7 @@ COLUMNS = ["notebook", "profile", "mode", "jobs", "threads_per_run", "runs", "se
            "speedup", "same_metrics"]
 
 
-def _child(notebook: str, profile: str, jobs: int, threads: int, store: str) -> None:
+def child(notebook: str, profile: str, jobs: int, threads: int, store: str) -> None:
     import time
 
     import torch
@@ -51,12 +51,8 @@ def _child(notebook: str, profile: str, jobs: int, threads: int, store: str) -> 
 
 
 def _metrics(store: Path) -> dict:
-    out = {}
-    for d in sorted(store.iterdir()):
-        rows = (d / "metrics.csv").read_text().splitlines()
-        keep = [i for i, h in enumerate(rows[0].split(",")) if h != "seconds"]  # wall time is not a metric
-        out[d.name] = [[r.split(",")[i] for i in keep] for r in rows]
-    return out
+    from pflrepro.runs import read_metrics
+    return {d.name: read_metrics(d) for d in sorted(store.iterdir())}
 
 
 def main(argv=None) -> int:
@@ -67,7 +63,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default=None, help="default: mini (smoke with --quick)")
     ap.add_argument("--jobs", default="auto")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.child is not None:  # one mode, in a process of its own (as bench_engines.py --child)
+        child(**json.loads(a.child))
+        return 0
     profile = a.profile or ("smoke" if a.quick else "mini")
     jobs = parallel.resolve_jobs(a.jobs, [])
     if jobs == 1:
@@ -81,9 +81,9 @@ def main(argv=None) -> int:
         for mode, j, thr in (("one_after_another", 1, 0), ("one_after_another_same_threads", 1, threads),
                              ("side_by_side", jobs, 0)):
             stores[mode] = Path(tmp) / mode
-            code = f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import bench_jobs as b; " \
-                   f"b._child({a.notebook!r}, {profile!r}, {j}, {thr}, {str(stores[mode])!r})"
-            proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+            job = {"notebook": a.notebook, "profile": profile, "jobs": j, "threads": thr, "store": str(stores[mode])}
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(job)],
+                                  cwd=REPO, capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.stderr.write(proc.stderr)
                 return proc.returncode

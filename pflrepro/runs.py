@@ -277,6 +277,13 @@ def _load_partition(path: Path) -> dict:
     return out
 
 
+def read_metrics(path: Path) -> list[dict]:
+    """A stored run's metrics.csv as rows of strings, without its wall-time column (`seconds`): what
+    two runs must share, to the last digit, to have computed the same thing."""
+    with open(Path(path) / "metrics.csv", newline="") as f:
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(f)]
+
+
 def _write_metrics(path: Path, history: list, per_client: list):
     if history:
         with open(path / "metrics.csv", "w", newline="") as f:

@@ -6,7 +6,7 @@ import torch
 
 from pflrepro import experiments, parallel
 from pflrepro.config import ConfigError, RunConfig
-from pflrepro.runs import run, run_dir
+from pflrepro.runs import read_metrics, run, run_dir
 
 from .conftest import FMNIST_AVAILABLE, small_cfg
 
@@ -25,13 +25,6 @@ def _grid() -> dict:
     return out
 
 
-def _metrics(path) -> list[dict]:
-    rows = (path / "metrics.csv").read_text().splitlines()
-    head = rows[0].split(",")
-    keep = [i for i, h in enumerate(head) if h != "seconds"]  # wall time is not a metric
-    return [[r.split(",")[i] for i in keep] for r in rows]
-
-
 @needs_fmnist
 def test_two_jobs_give_the_same_bits_as_one_after_another_at_the_same_threads(tmp_path):
     grid = _grid()
@@ -46,9 +39,9 @@ def test_two_jobs_give_the_same_bits_as_one_after_another_at_the_same_threads(tm
     assert torch.get_num_threads() == before          # the grid gave the caller its threads back
     assert len(list((tmp_path / "par").iterdir())) == 5  # the duplicate key trained once
     for k in grid:
-        assert _metrics(par[k].path) == _metrics(seq[k].path), k
+        assert read_metrics(par[k].path) == read_metrics(seq[k].path), k
         assert par[k].provenance["torch_threads"] == threads
-    assert _metrics(par[("fedavg", "s", 0)].path) != _metrics(par[("fedavg", "s", 1)].path)  # seeds matter
+    assert read_metrics(par[("fedavg", "s", 0)].path) != read_metrics(par[("fedavg", "s", 1)].path)  # seeds matter
 
 
 @needs_fmnist
@@ -67,7 +60,7 @@ def test_a_worker_killed_mid_run_fails_the_grid_and_the_rerun_resumes_to_the_sam
     resumed = experiments.run_grid(grid, root=tmp_path / "killed", progress=False, jobs=2)
     clean = experiments.run_grid(grid, root=tmp_path / "clean", progress=False, jobs=2)
     assert resumed[("a", "s", 0)].provenance["resumed_from_round"] == 2
-    assert _metrics(resumed[("a", "s", 0)].path) == _metrics(clean[("a", "s", 0)].path)
+    assert read_metrics(resumed[("a", "s", 0)].path) == read_metrics(clean[("a", "s", 0)].path)
 
 
 def test_an_error_inside_a_worker_is_raised_with_its_traceback(tmp_path, monkeypatch):

@@ -1,6 +1,5 @@
 """Runs end to end on real Fashion-MNIST: learning, determinism, the content-addressed
 store, resume after SIGKILL, and the evaluation protocol."""
-import csv
 import os
 import subprocess
 import sys
@@ -9,15 +8,10 @@ import numpy as np
 import pytest
 
 from pflrepro.config import RunConfig
-from pflrepro.runs import REPO_ROOT, code_fingerprint, result_key, run, run_dir, summarise
+from pflrepro.runs import REPO_ROOT, code_fingerprint, read_metrics, result_key, run, run_dir, summarise
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 pytestmark = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
-
-
-def _metrics(path):
-    with open(path / "metrics.csv") as f:
-        return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(f)]
 
 
 def test_fedavg_learns_on_fmnist(store):
@@ -45,16 +39,16 @@ def test_same_config_same_metrics_and_store_reuse(tmp_path):
     cfg = RunConfig.from_dict(small_cfg(rounds=2))
     a = run(cfg, root=tmp_path / "a", progress=False)
     b = run(cfg, root=tmp_path / "b", progress=False)
-    assert _metrics(a.path) == _metrics(b.path)                     # determinism on CPU
+    assert read_metrics(a.path) == read_metrics(b.path)                     # determinism on CPU
     again = run(cfg, root=tmp_path / "a", progress=False)           # content-addressed: not rerun
     assert again.provenance["finished"] == a.provenance["finished"]
     assert run_dir(cfg, tmp_path / "a").name.endswith(result_key(cfg)[:12])
     assert a.provenance["code_sha256"] == code_fingerprint(cfg.algorithm)
     other = run(cfg.replace(seed=1), root=tmp_path / "a", progress=False)
-    assert _metrics(other.path) != _metrics(a.path)
+    assert read_metrics(other.path) != read_metrics(a.path)
 
 
-def test_resume_after_sigkill_gives_identical_metrics(tmp_path):
+def test_resume_after_sigkill_gives_identicalread_metrics(tmp_path):
     args = ["algorithm=fedprox", "hparams.mu=0.01", "subsample=0.03", "n_clients=10", "participation=0.5",
             "model=cnn_fmnist", "rounds=3", "checkpoint_every=1", "batch_size=32", "lr=0.05", "momentum=0.9"]
     cmd = [sys.executable, "-m", "pflrepro", "run", "--quiet", *args]
@@ -70,7 +64,7 @@ def test_resume_after_sigkill_gives_identical_metrics(tmp_path):
     clean = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
     assert clean.returncode == 0, clean.stderr
     (clean_path,) = (tmp_path / "clean" / "runs").iterdir()
-    assert _metrics(run_path) == _metrics(clean_path)
+    assert read_metrics(run_path) == read_metrics(clean_path)
     import json
     assert json.loads((run_path / "provenance.json").read_text())["resumed_from_round"] == 2
 
