@@ -1,10 +1,12 @@
-"""Command line: `python -m pflrepro {run,list,data,partition}` (also the `pflrepro` script).
+"""Command line: `python -m pflrepro {run,list,data,partition,claims,report}` (also the `pflrepro` script).
 
     python -m pflrepro run algorithm=fedprox hparams.mu=0.01 dataset=fmnist rounds=20
     python -m pflrepro run --config my.yaml seed=1
     python -m pflrepro list
     python -m pflrepro data fmnist
     python -m pflrepro partition partition=dirichlet partition_params.alpha=0.1 --out fig.png
+    python -m pflrepro claims [--results DIR] [--paper pfedsd] [--on-paper-numbers] [--format markdown]
+    python -m pflrepro report [--results DIR] [--figures DIR] [--out DIR]
 """
 from __future__ import annotations
 
@@ -53,7 +55,16 @@ def main(argv=None) -> int:
     p = sub.add_parser("partition", help="draw a partition (clients x classes bubble chart)")
     p.add_argument("--out", required=True)
     p.add_argument("overrides", nargs="*")
+    from . import claims
+    claims.add_arguments(sub.add_parser("claims", help="check the papers' claims on reproduced tables (holds/fails/undecided/not run)"))
+    from . import replication
+    replication.add_arguments(sub.add_parser("report", help="one report (HTML with figures embedded, markdown, "
+                                             "summary): every stage, its provenance and compute, the claims"))
     a = ap.parse_args(argv)
+    if a.cmd == "claims":
+        return claims.run_cli(a)
+    if a.cmd == "report":
+        return replication.run_cli(a)
 
     from .config import ConfigError, RunConfig
     if a.cmd == "list":

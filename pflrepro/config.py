@@ -61,7 +61,9 @@ def check_params(prefix: str, given: dict, schema: dict[str, Param]) -> dict:
         raise ConfigError(f"{name}={given[unknown[0]]!r}: unknown key; allowed: {allowed}")
     out = {}
     for k, p in schema.items():
-        out[k] = p.check(f"{prefix}.{k}" if prefix else k, given[k]) if k in given else p.default
+        # a setting whose default is None ("not set") may be given as None: a validated config re-validates
+        out[k] = p.check(f"{prefix}.{k}" if prefix else k, given[k]) if k in given and not (
+            given[k] is None and p.default is None) else p.default
     return out
 
 
@@ -80,6 +82,8 @@ RUN_SCHEMA: dict[str, Param] = {
     "split": Param(str, "random", "per-client split rule (see pflrepro.partition.SPLITS)"),
     "split_params": Param(dict, {}, "split keyword arguments"),
     "n_clients": Param(int, 20, "number of clients K", low=1),
+    "new_clients": Param(int, 0, "the last N clients never train; they join after the last round (SCD Fig. 3: "
+                         "80 training + 20 new clients, pflrepro.newclients)", low=0),
     "participation": Param(float, 1.0, "fraction of clients per round", low=0.0, high=1.0, low_open=True),
     "sampling": Param(str, "uniform", "client sampling: 'uniform' or 'data_share' (PerFed-CKT: by p_k)",
                       choices=("uniform", "data_share")),
@@ -100,6 +104,8 @@ RUN_SCHEMA: dict[str, Param] = {
                     "algorithms whose client step is a Plan), 'per_client' one after another (the reference), "
                     "'auto' batched wherever it applies (on a CPU, models with grouped convolutions train per client: "
                     "faster there)", choices=("auto", "batched", "per_client")),
+    "clock": Param(dict, {}, "simulated clock: protocol, client compute rate and bandwidths (see pflrepro.clock)"),
+    "schedule": Param(dict, {}, "server schedule: synchronous rounds, or FedAsync / FedBuff (see pflrepro.schedule)"),
     "memory_budget_mb": Param(float, 4096.0, "batched engine: memory for one chunk of clients trained together "
                               "(estimated: stacked weights, gradients, momentum, activations); clients are chunked "
                               "to fit, and a run where one client cannot fit stops before round 1 ('auto': falls "
@@ -119,6 +125,7 @@ class RunConfig:
     split: str = "random"
     split_params: dict = field(default_factory=dict)
     n_clients: int = 20
+    new_clients: int = 0
     participation: float = 1.0
     sampling: str = "uniform"
     model: str = "cnn_fmnist"
@@ -136,11 +143,13 @@ class RunConfig:
     device: str = "cpu"
     engine: str = "auto"
     memory_budget_mb: float = 4096.0
+    clock: dict = field(default_factory=dict)
+    schedule: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
         """Validate everything (top level, algorithm hparams, partition, split, model names)."""
-        from . import algorithms, data, models, partition, schemas
+        from . import algorithms, clock, data, models, partition, schedule, schemas
 
         top = check_params("", dict(d), RUN_SCHEMA)
         _choice("algorithm", top["algorithm"], algorithms.ALGORITHMS)
@@ -153,12 +162,17 @@ class RunConfig:
         top["partition_params"] = check_params("partition_params", top["partition_params"],
                                                schemas.PARTITION_SCHEMAS[top["partition"]])
         top["split_params"] = check_params("split_params", top["split_params"], schemas.SPLIT_SCHEMAS[top["split"]])
+        top["clock"] = check_params("clock", top["clock"], clock.CLOCK_SCHEMA)
+        top["schedule"] = check_params("schedule", top["schedule"], schedule.SCHEDULE_SCHEMA)
         fr = top["split_params"].get("fractions")
         if fr is not None and (len(fr) not in (2, 3) or any(f < 0 for f in fr) or sum(fr) > 1 + 1e-9):
             raise ConfigError(f"split_params.fractions={list(fr)!r}: 2 or 3 non-negative fractions summing to <= 1")
         pp = top["partition_params"]
         if "low" in pp and pp["low"] > pp["high"]:
             raise ConfigError(f"partition_params.low={pp['low']!r}: must be <= high={pp['high']!r}")
+        if top["new_clients"] >= top["n_clients"]:
+            raise ConfigError(f"new_clients={top['new_clients']!r}: must be below n_clients={top['n_clients']!r} "
+                              "(at least one client trains)")
         if top["models"] and top["model"] not in top["models"]:
             raise ConfigError(f"model={top['model']!r} must be one of models={list(top['models'])!r}: the server's "
                               "initial state (shared head, global means) is built with `model`")
@@ -168,6 +182,10 @@ class RunConfig:
                               f"models={list(top['models'])!r} (an algorithm class declares `heterogeneous = True` when it can); "
                               "algorithms that can: " + ", ".join(
                                   sorted(a for a, c in algorithms.ALGORITHMS.items() if c.heterogeneous)))
+        algo_cls = algorithms.ALGORITHMS[cfg.algorithm]
+        if cfg.schedule["mode"] != "sync" and algo_cls.aggregate is not algorithms.Algorithm.aggregate:
+            raise ConfigError(f"schedule.mode={cfg.schedule['mode']!r}: the asynchronous servers mix uploaded models "
+                              f"(FedAsync/FedBuff rules); algorithm={cfg.algorithm!r} aggregates its own way")
         if top["split"] == "global_test_by_proportion" and top["pool"] != "train":
             raise ConfigError("split='global_test_by_proportion' samples local tests from the global test set: "
                               "it needs pool='train'")

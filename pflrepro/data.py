@@ -249,6 +249,8 @@ class FedData:
     val: list
     local_test_from_global: bool
     source: str
+    x_local_test: torch.Tensor | None = None   # the set local tests index when `local_test_from_global` and the
+    y_local_test: torch.Tensor | None = None   # GM's `x_test` is a subsample of it (None: `x_test` itself)
 
     @property
     def n_clients(self) -> int:
@@ -261,6 +263,8 @@ class FedData:
     def client_test(self, k: int):
         i = self.test[k]
         if self.local_test_from_global:
+            if self.x_local_test is not None:
+                return self.x_local_test[i], self.y_local_test[i]
             return self.x_test[i], self.y_test[i]
         return self.x[i], self.y[i]
 

@@ -263,6 +263,8 @@ class Context:
     device: torch.device
     make_model: Callable[[int], nn.Module]     # client id (-1 = server/global) -> fresh model
     init_state: dict                           # the common initial global weights (seeded)
+    clock: object = None                       # the run's simulated clock (pflrepro.clock), set by run_rounds:
+    #                                            algorithms only ask it how many PM steps fit (`pm_steps`)
     _work: dict = field(default_factory=dict)  # reusable module per architecture name
     _inits: dict = field(default_factory=dict)  # initial weights per other architecture (heterogeneous runs)
 
@@ -317,11 +319,14 @@ class Context:
 
 # ---------------------------------------------------------------- the round loop
 def sample_clients(cfg: RunConfig, rnd: int, n_train: np.ndarray) -> list[int]:
-    K = cfg.n_clients
+    """The round's clients, among the K - `new_clients` that take part in training (SCD Fig. 3 holds the last
+    `new_clients` out: they join after training, pflrepro.newclients)."""
+    K = cfg.n_clients - cfg.new_clients
     m = max(1, int(round(cfg.participation * K)))
     rng = np.random.default_rng(derive_seed(cfg.seed, rnd, 0x5A3))
     if m >= K:
         return list(range(K))
+    n_train = n_train[:K]
     p = None if cfg.sampling == "uniform" else n_train / n_train.sum()
     return sorted(int(k) for k in rng.choice(K, size=m, replace=False, p=p))
 
@@ -336,7 +341,7 @@ def evaluate(ctx: Context, algo, server: dict, clients: dict) -> tuple[dict, lis
     gm_acc = accuracy(gm, data.x_test, data.y_test) if gm is not None else float("nan")
     accs = [float("nan")] * data.n_clients
     generic = []
-    for k in range(data.n_clients):
+    for k in range(data.n_clients - ctx.cfg.new_clients):   # new clients (never trained) are not scored here
         pm = algo.personal_model(k, server, clients.get(k))
         if pm is None:  # generic method: PM = GM on the local test set (Remark 4.1)
             generic.append(k)
@@ -403,23 +408,32 @@ def run_rounds(ctx: Context, algo, *, start: dict | None = None,
     if cfg.engine != "per_client":
         from .batched import check_memory
         check_memory(ctx, algo, first, server, clients)  # a run that cannot fit says so before round 1
+    clock = ctx.clock = make_clock(ctx)
+    from .schedule import make_schedule
+    sched = make_schedule(cfg, n_train)     # synchronous rounds, or FedAsync / FedBuff on the clock
+    if start is not None and "clock" in start:
+        clock.load(start["clock"])
+        sched.load(start.get("schedule", {}))
     bar = _progress(cfg, first, progress)
     t_last = time.perf_counter()
     for rnd in range(first, cfg.rounds + 1):
-        selected = sample_clients(cfg, rnd, n_train)
-        updates = local_round(ctx, algo, rnd, selected, server, clients)
-        losses = [up.loss for up in updates]
+        selected = sched.dispatch(rnd)      # who starts from the current global model
+        clock.begin_round(selected, {k: cfg.local_epochs * int(n_train[k]) for k in selected})
+        updates = local_round(ctx, algo, rnd, selected, server, clients) if selected else []
         for up in updates:
             counters["bytes_up"] += up.bytes_up
             counters["bytes_down"] += up.bytes_down
             counters["samples"] += up.samples
-        server = algo.aggregate(rnd, server, updates, clients)
+        sched.launch(rnd, selected, updates, server, clock)
+        arrived, sim = sched.collect(rnd, clock)   # what the server folds in at this step, and when
+        losses = [u["loss"] if isinstance(u, dict) else u.loss for u in arrived]
+        server = sched.aggregate(algo, rnd, server, arrived, clients)
         if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
             row, accs = evaluate(ctx, algo, server, clients)
             now = time.perf_counter()
             row = {"round": rnd, "train_loss": float(np.mean(losses)), **row,
                    "bytes_up": counters["bytes_up"], "bytes_down": counters["bytes_down"],
-                   "seconds": now - t_last}
+                   **sim, "seconds": now - t_last}
             t_last = now
             history.append(row)
             per_client.append(accs)
@@ -429,11 +443,20 @@ def run_rounds(ctx: Context, algo, *, start: dict | None = None,
             bar.update(1)
         if on_checkpoint is not None and (rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds):
             on_checkpoint({"round": rnd, "server": server, "clients": clients, "history": history,
-                           "per_client": per_client, "counters": counters})
+                           "per_client": per_client, "counters": counters, "clock": clock.state(),
+                           "schedule": sched.state()})
     if bar is not None:
         bar.close()
     return LoopResult(history, per_client, server, clients, counters["bytes_up"], counters["bytes_down"],
                       counters["samples"], first - 1)
+
+
+def make_clock(ctx: Context):
+    """The run's simulated clock (`cfg.clock`): model FLOPs counted once, outside the run's RNG streams."""
+    from .clock import Clock, model_forward_flops
+    spec = ctx.data.spec
+    flops = model_forward_flops(ctx.cfg.model, spec.channels, spec.num_classes, spec.size)
+    return Clock(ctx.cfg.clock, ctx.cfg.n_clients, ctx.cfg.seed, flops, state_bytes(ctx.init_state))
 
 
 def _progress(cfg: RunConfig, first: int, enabled: bool):

@@ -99,6 +99,65 @@ def compare_table(runs: pd.DataFrame, paper: pd.DataFrame | None, value: str = "
     return compare(runs, paper, on=("dataset", "setting", "method"), value=value)
 
 
+def compare_metrics(results: dict, paper: pd.DataFrame | None, metrics: dict, value: str = "best") -> pd.DataFrame:
+    """`compare_table` for several metrics of the same runs (SCD's GM and PM columns): `metrics` maps the
+    paper CSV's `metric` labels to run metrics, e.g. {"gm": "gm_acc", "pm": "pm_acc_weighted"}; one row
+    per (dataset, setting, method, metric). Paper rows without a reproduced run (a method not run in this
+    profile) are listed with an empty reproduced value, so nothing the paper printed silently disappears."""
+    frames = []
+    for label, m in metrics.items():
+        p = None if paper is None else paper[paper["metric"] == label].drop(columns=["metric"])
+        if p is not None and "std" not in p.columns:     # tables printed without std (SCD Tables 7, 8, 10)
+            p = p.assign(std=float("nan"))
+        t = compare_table(tidy(results, m), p, value).assign(metric=label)
+        if p is not None and len(t):
+            keys = [c for c in ("dataset", "setting", "method") if c in p.columns]
+            ran = set(map(tuple, t[keys].astype(str).to_numpy()))
+            shown = set(map(tuple, t[[c for c in ("dataset", "setting") if c in p.columns]].astype(str).to_numpy()))
+            extra = p[[tuple(r) not in ran and tuple(r[:-1]) in shown for r in p[keys].astype(str).to_numpy()]]
+            if len(extra):
+                t = pd.concat([t, extra.rename(columns={"value": "paper", "std": "paper_std"})
+                               [keys + ["paper", "paper_std"]].assign(metric=label)], ignore_index=True)
+        frames.append(t)
+    return pd.concat(frames, ignore_index=True)
+
+
+def times_to_targets(results: dict, metric: str, targets, time_keys=("sim_time", "sim_time_cw", "sim_time_wf")) -> pd.DataFrame:
+    """SCD Tables 4 and 9: per run, the first simulated time at which `metric` reaches each target (%), on
+    each of the run's timelines (its own protocol, and the compute-and-wait / wait-free ones beside it).
+    NaN: never reached (or that timeline is not defined: asynchronous runs have one)."""
+    from .clock import time_to
+    rows = []
+    for (method, setting, seed), r in results.items():
+        for target in targets:
+            for key in time_keys:
+                rows.append({"method": method, "dataset": r.config.dataset,
+                             "setting": paper_setting(setting, r.config.dataset), "seed": seed,
+                             "target": target, "timeline": key,
+                             "time": time_to(r.history, metric, target / 100.0, key),
+                             "final": 100.0 * r.history[-1][metric]})
+    return pd.DataFrame(rows)
+
+
+def speedups(times: pd.DataFrame, pairs: list) -> pd.DataFrame:
+    """Speedup = time of the slow configuration / time of the fast one, per target, seed-averaged.
+    `pairs`: [{"row": label, "pm_epochs": E, "slow": [method, timeline], "fast": [method, timeline]}, ...]."""
+    rows = []
+    for p in pairs:
+        pick = lambda m, tl: times[(times.method == m) & (times.timeline == tl)]  # noqa: E731
+        slow, fast = pick(*p["slow"]), pick(*p["fast"])
+        for (dataset, setting, target), s in slow.groupby(["dataset", "setting", "target"], sort=False):
+            f = fast[(fast.dataset == dataset) & (fast.setting == setting) & (fast.target == target)]
+            merged = s.merge(f, on="seed", suffixes=("_slow", "_fast"))
+            ratio = merged["time_slow"] / merged["time_fast"]
+            rows.append({"method": p["row"], "pm_epochs": p.get("pm_epochs"), "dataset": dataset, "setting": setting,
+                         "target": target,
+                         "time_slow": merged["time_slow"].mean(), "time_fast": merged["time_fast"].mean(),
+                         "speedup": ratio.mean(), "speedup_std": ratio.std() if len(ratio) > 1 else float("nan"),
+                         "seeds": len(ratio), "slow": " / ".join(p["slow"]), "fast": " / ".join(p["fast"])})
+    return pd.DataFrame(rows)
+
+
 def wide(table: pd.DataFrame, columns: str = "setting", value: str = "reproduced") -> pd.DataFrame:
     """Methods as rows, settings as columns: 'reproduced (paper)' cells, the paper's layout."""
     def cell(r):
@@ -186,16 +245,19 @@ def curves(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
         ds = r.config.dataset
         for h in r.history:
             rows.append({"method": method, "dataset": ds, "setting": paper_setting(setting, ds), "panel": setting,
-                         "seed": seed, "round": h["round"], metric: 100.0 * h[metric]})
+                         "seed": seed, "round": h["round"], "sim_time": h.get("sim_time", float("nan")),
+                         metric: 100.0 * h[metric]})
     return pd.DataFrame(rows)
 
 
-def plot_curves(df: pd.DataFrame, metric: str = "pm_acc_mean", title: str = "", ylabel: str = "accuracy (%)"):
-    """Learning curves with a band of +- one std over seeds (seaborn), one panel per setting."""
+def plot_curves(df: pd.DataFrame, metric: str = "pm_acc_mean", title: str = "", ylabel: str = "accuracy (%)",
+                x: str = "round"):
+    """Learning curves with a band of +- one std over seeds (seaborn), one panel per setting; `x` = "round" or
+    "sim_time" (the simulated clock's seconds: SCD Tables 4, 9)."""
     sns = _sns()
-    g = sns.relplot(data=df, x="round", y=metric, hue="method", col="panel" if "panel" in df else "setting", kind="line",
+    g = sns.relplot(data=df, x=x, y=metric, hue="method", col="panel" if "panel" in df else "setting", kind="line",
                     errorbar="sd", height=3.6, aspect=1.25, facet_kws={"sharey": False})
-    g.set_axis_labels("communication round", ylabel)
+    g.set_axis_labels("communication round" if x == "round" else "simulated time (s)", ylabel)
     if title:
         g.figure.suptitle(title, y=1.04, fontsize=10)
     return g.figure

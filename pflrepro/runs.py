@@ -103,10 +103,14 @@ def build_data(cfg: RunConfig, device: torch.device, split: dict | None = None) 
     x_pool, y_pool = raw.pooled() if cfg.pool == "train+test" else (raw.x_train, raw.y_train)
     t = lambda arrs: [torch.as_tensor(a, dtype=torch.long, device=device) for a in arrs]  # noqa: E731
     x_test, y_test = raw.x_test, raw.y_test
-    if cfg.pool == "train" and cfg.subsample < 1.0 and cfg.split != "global_test_by_proportion":
-        # a subsampled run scores its GM on the same fraction of the official test set (stratified):
-        # the whole 10,000-image set cost more than the training of a mini run (DC-PFL, CNN_1)
+    local = None
+    if cfg.pool == "train" and cfg.subsample < 1.0:
+        # a subsampled run scores its GM on the same stratified fraction of the official test set (the whole
+        # 10,000-image set cost more than the training of a mini run: DC-PFL, CNN_1); SCD's local tests
+        # (`global_test_by_proportion`) still draw from the whole set
         keep = torch.as_tensor(_stratified_subsample(y_test.numpy(), cfg.subsample, derive_seed(cfg.seed, 0x5B6)))
+        if cfg.split == "global_test_by_proportion":
+            local = (normalise(x_test, raw.spec, device), y_test.to(device))
         x_test, y_test = x_test[keep], y_test[keep]
     if cfg.pool == "train+test":
         # the official test set is inside the partitioned pool: the held-out "global test
@@ -116,7 +120,8 @@ def build_data(cfg: RunConfig, device: torch.device, split: dict | None = None) 
     return FedData(raw.spec, normalise(x_pool, raw.spec, device), y_pool.to(device),
                    normalise(x_test, raw.spec, device), y_test.to(device),
                    t(split["train"]), t(split["test"]), t(split["val"]),
-                   local_test_from_global=(cfg.split == "global_test_by_proportion"), source=raw.source)
+                   local_test_from_global=(cfg.split == "global_test_by_proportion"), source=raw.source,
+                   x_local_test=local[0] if local else None, y_local_test=local[1] if local else None)
 
 
 def build_context(cfg: RunConfig, device: torch.device, split: dict | None = None) -> Context:
@@ -145,8 +150,8 @@ class RunResult:
         return np.array([r[name] for r in self.history], dtype=np.float64)
 
 
-_RESULT_CODE = ("batched.py", "config.py", "data.py", "engine.py", "models.py", "partition.py", "runs.py",
-                "schemas.py")
+_RESULT_CODE = ("batched.py", "clock.py", "config.py", "data.py", "engine.py", "models.py", "partition.py", "runs.py",
+                "schedule.py", "schemas.py", "spectral.py")
 
 
 def _algorithm_files(algorithm: str | None) -> list[Path]:
@@ -308,13 +313,9 @@ def git_commit() -> dict:
 
 def model_flops(ctx: Context) -> int | None:
     """Forward FLOPs of one sample through the (first) model, by torch's FLOP counter."""
+    from .clock import forward_flops
     try:
-        from torch.utils.flop_counter import FlopCounterMode
-        net = ctx.make_model(0).to(ctx.device).eval()
-        x = ctx.data.x[:1]
-        with FlopCounterMode(display=False) as fc, torch.no_grad():
-            net(x)
-        return int(fc.get_total_flops())
+        return forward_flops(ctx.make_model(0).to(ctx.device), ctx.data.x[:1])
     except Exception:
         return None
 

@@ -53,3 +53,11 @@ def test_client_architecture_cycles_through_models_and_the_server_uses_model():
     assert not same.heterogeneous and same.arch(1) == "cnn1"
     plain = RunConfig.from_dict({"algorithm": "fedavg", "model": "cnn1"})
     assert not plain.heterogeneous and plain.arch(7) == "cnn1"
+
+
+def test_a_validated_config_validates_again():
+    """Settings whose default is None (split_params.scale) survive to_dict -> from_dict (run workers do this)."""
+    from pflrepro.config import RunConfig
+    cfg = RunConfig.from_dict({"split": "global_test_by_proportion"})
+    assert cfg.split_params["scale"] is None
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg

@@ -1,7 +1,10 @@
 """report.compare: reproduced mean/std over seeds beside the paper, with the difference and both rankings."""
 import math
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pytest
 
 from pflrepro import report
 
@@ -55,3 +58,45 @@ def test_single_seed_has_no_std_rather_than_zero():
     row = [c.strip() for c in md[6].split("|")]
     assert row[header.index("repro_std")] == ""               # printed blank, not as a zero spread
     assert "±" not in report.wide(out.reset_index()).iloc[0, 1]
+
+
+def _fake_run(history, dataset="fmnist"):
+    from types import SimpleNamespace
+    from pflrepro.runs import summarise
+    return SimpleNamespace(config=SimpleNamespace(dataset=dataset), history=history, summary=summarise(history),
+                           provenance={"wall_seconds": 1.0}, path=Path("run"))
+
+
+def test_compare_metrics_gm_pm_and_paper_rows_not_run():
+    from pflrepro.report import compare_metrics
+    h = [{"round": 1, "gm_acc": 0.5, "pm_acc_weighted": 0.7, "pm_acc_mean": 0.7, "pm_acc_std": 0.0, "pm_acc_min": 0.7}]
+    results = {("scd", "alpha=1", 0): _fake_run(h)}
+    paper = pd.DataFrame({"setting": ["alpha=1"] * 4, "method": ["scd", "scd", "fedgen", "fedgen"],
+                          "metric": ["gm", "pm", "gm", "pm"], "value": [86.37, 92.25, 86.17, 85.24],
+                          "std": [0.15, 0.21, 0.32, 0.47]})
+    t = compare_metrics(results, paper, {"gm": "gm_acc", "pm": "pm_acc_weighted"})
+    scd = t[t.method == "scd"].set_index("metric")
+    assert scd.loc["gm", "reproduced"] == 50.0 and scd.loc["pm", "reproduced"] == 70.0
+    assert scd.loc["pm", "paper"] == 92.25 and scd.loc["pm", "diff"] == pytest.approx(70.0 - 92.25)
+    fedgen = t[t.method == "fedgen"]                 # printed by the paper, not run here: listed, reproduced empty
+    assert len(fedgen) == 2 and fedgen["reproduced"].isna().all() and set(fedgen["paper"]) == {86.17, 85.24}
+
+
+def test_times_to_targets_and_speedups_hand_computed():
+    from pflrepro.report import speedups, times_to_targets
+
+    def hist(accs, step_cw, step_wf):
+        return [{"round": i + 1, "gm_acc": a, "pm_acc_weighted": a, "pm_acc_mean": a, "pm_acc_std": 0.0, "pm_acc_min": a,
+                 "sim_time": step_cw * (i + 1), "sim_time_cw": step_cw * (i + 1), "sim_time_wf": step_wf * (i + 1)}
+                for i, a in enumerate(accs)]
+    results = {("ditto", "alpha=0.1", 0): _fake_run(hist([0.3, 0.5, 0.9], 10.0, 4.0)),
+               ("ditto WF", "alpha=0.1", 0): _fake_run(hist([0.2, 0.45, 0.6], 5.0, 5.0))}
+    times = times_to_targets(results, "pm_acc_weighted", [40, 80])
+    pick = times.set_index(["method", "target", "timeline"])["time"]
+    assert pick[("ditto", 40, "sim_time")] == 20.0 and pick[("ditto", 80, "sim_time_wf")] == 12.0
+    assert np.isnan(pick[("ditto WF", 80, "sim_time")])               # never reached
+    sp = speedups(times, [{"row": "ditto", "pm_epochs": 3, "slow": ["ditto", "sim_time"], "fast": ["ditto WF", "sim_time"]},
+                          {"row": "overlap", "slow": ["ditto", "sim_time_cw"], "fast": ["ditto", "sim_time_wf"]}])
+    got = sp.set_index(["method", "target"])["speedup"]
+    assert got[("ditto", 40)] == pytest.approx(20.0 / 10.0) and np.isnan(got[("ditto", 80)])
+    assert got[("overlap", 80)] == pytest.approx(30.0 / 12.0)

@@ -1,19 +1,27 @@
 """Algorithm registry: name -> class. Each class declares its hyperparameters in HPARAMS."""
 from .base import Algorithm, Update
 from .dcpfl import DCPFL
+from .ditto import Ditto
 from .fd import FD
+from .fedbabu import FedBABU
 from .fedfomo import FedFomo
 from .fedgh import FedGH
 from .fedkd import FedKD
 from .fedproto import FedProto
+from .fedrep import FedRep
+from .fedrod import FedRoD
 from .fml import FML
 from .forgetting import FedAvgLastLocal
 from .partial import FedPer, LGFedAvg
 from .pfedme import PFedMe
 from .pfedsd import PFedSD
+from .scaffold import Scaffold
+from .scd import SCD
+from .server_opt import FedAvgM, FedDyn
 from .simple import FedAvgFT, FedProx, Local
 
 ALGORITHMS = {cls.name: cls for cls in (Algorithm, Local, FedProx, FedAvgFT, FedPer, LGFedAvg, PFedSD,
-                                           FedAvgLastLocal, PFedMe, FedFomo, DCPFL, FedGH, FedProto, FML, FedKD, FD)}
+                                           FedAvgLastLocal, PFedMe, FedFomo, DCPFL, FedGH, FedProto, FML, FedKD, FD,
+                                           Ditto, FedAvgM, FedDyn, Scaffold, SCD, FedRep, FedRoD, FedBABU)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Update"]

@@ -23,6 +23,8 @@ class Update:
     payload: dict = field(default_factory=dict)   # tensors uploaded (params or statistics)
     loss: float = float("nan")
     samples: int = 0                   # samples processed (for FLOPs accounting)
+    overlap_samples: int = 0           # of which PM-phase samples, trained after the GM (pflrepro.clock: only
+    #                                    wait-free overlaps them with communication)
     bytes_up: int = 0
     bytes_down: int = 0
 

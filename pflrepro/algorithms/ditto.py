@@ -1,0 +1,69 @@
+"""Ditto (Li, Hu, Beirami & Smith, ICML 2021): fair and robust federated learning through personalization.
+
+Algorithm 1, per selected client k in round t, which receives the global model w^t:
+  - global model: w_k^t from w^t by the FedAvg local solver (E epochs of SGD on CE); w_k^t is sent back
+    and the server aggregates as FedAvg (the only model that travels: Ditto's messages are FedAvg's);
+  - personal model: `pm_epochs` epochs of SGD on h_k(v; w^t) = F_k(v) + lam/2 ||v - w^t||^2, i.e. the
+    step v <- v - eta (grad F_k(v) + lam (v - w^t)), anchored at the w^t the client RECEIVED this round.
+v_k starts from the common initial weights (the code initialises local models like the global one) and
+is kept per client. Order within a round: GM first, then PM (SCD's "compute-and-wait" protocol); the GM
+is batchable (`plan`), the PM is trained client by client in `finish` with its own data order
+(purpose 3). `train_personal` is the reusable "then train the PM" step (SCD trains GM then PM too).
+"""
+from __future__ import annotations
+
+from ..clock import steps_per_epochs
+from ..config import Param
+from ..engine import TrainStats, batchable, ce_loss, clone_state
+from .base import Algorithm
+
+
+class Ditto(Algorithm):
+    name = "ditto"
+    generic = False
+    HPARAMS = {
+        "lam": Param(float, 1.0, "lambda of h_k = F_k(v) + lambda/2 ||v - w^t||^2 (authors' Fashion-MNIST "
+                     "scripts: lam=1; their dynamic-lambda candidates {0.1, 1, 2})", low=0.0),
+        "pm_epochs": Param(int, 0, "personal-model epochs per round; 0 = local_epochs (the code runs as many "
+                           "PM steps as GM steps; SCD Table 4 uses 3 or 5)", low=0),
+    }
+
+    @classmethod
+    def relative_cost(cls, hparams):
+        return 2.0  # one GM and one PM pass (pm_epochs = local_epochs by default)
+
+    def finish(self, rnd, k, server, cstate, state, stats):
+        up = self.upload(k, state, stats, server)        # w_k^t, copied before the module is reused
+        v = cstate["params"] if cstate else self.ctx.initial(k)
+        anchor = {n: t.detach() for n, t in server["params"].items()}   # w^t as received
+        v, pstats = self.train_personal(rnd, k, v, self.prox, {"anchor": anchor})
+        up.samples += pstats.samples
+        up.overlap_samples = pstats.samples               # the PM phase, after the GM (pflrepro.clock)
+        return up, {"params": v}
+
+    def train_personal(self, rnd: int, k: int, start: dict, loss, aux: dict | None = None,
+                       epochs: int | None = None) -> tuple[dict, TrainStats]:
+        """Client k's PM step: `start` trained on its data with `loss` (a batchable term fed `aux`) for
+        `epochs` (default `pm_epochs`, 0 = local_epochs), data order from seed stream purpose 3; under the
+        run clock's wait-free `window` budget, only the steps that fit before the next global model
+        arrives (`Clock.pm_steps`). Returns the trained state (a copy) and the training stats."""
+        epochs = epochs if epochs is not None else (self.hp.get("pm_epochs") or self.ctx.cfg.local_epochs)
+        steps, clock = None, getattr(self.ctx, "clock", None)
+        if clock is not None:
+            cap = steps_per_epochs(len(self.ctx.data.train[k]), self.ctx.cfg.batch_size, epochs)
+            steps = clock.pm_steps(k, self.ctx.cfg.batch_size, cap)
+            steps = None if steps >= cap else steps       # the whole budget: exactly the epochs' batches
+        net = self.ctx.model(k, start)
+        stats = self.ctx.train(net, k, rnd, loss=loss, epochs=epochs, steps=steps, aux=aux, purpose=3)
+        return clone_state(net.state_dict()), stats
+
+    @batchable
+    def prox(self, m, x, y, aux):
+        """h_k(v; w^t) = CE(v) + lam/2 ||v - w^t||^2 over the parameters (buffers are not optimised)."""
+        anchor = aux["anchor"]
+        reg = sum(((p - anchor[n]) ** 2).sum() for n, p in m.params.items())
+        return ce_loss(m, x, y) + 0.5 * self.hp["lam"] * reg
+
+    def personal_model(self, k, server, cstate):
+        # v_k; a client never selected has no v_k and is scored with the global model
+        return self.ctx.model(k, cstate["params"]) if cstate else None

@@ -1,0 +1,443 @@
+"""One report of the whole reproduction: `python -m pflrepro report [--results DIR] [--figures DIR] [--out DIR]`.
+
+It reads only what the notebooks wrote (`notebook.Experiment`): results/<stage>/{<stem>.md, <stem>.csv,
+runs.csv, provenance.json, <stage>.ipynb} and figures/<stage>/*.png (or results/<stage>/figures/*.png for a
+notebook run with its own `out_dir`), plus the claims checker's verdicts on the same results
+(`claims.check`), and writes into out_dir (default results/report/):
+
+- report.md    GitHub-renderable. Figures are image links by relative path from out_dir (from
+               results/report/: ../../figures/<stage>/<x>.png), so they show where the figures are.
+- report.html  the same page, self-contained: every figure embedded as a base64 PNG data URI; links to
+               local files (the executed notebooks) are shown as plain text, so nothing points outside.
+- summary.csv, summary.md   per paper and profile: stages, claims holding / failing / undecided / not
+               run, and the compute (wall seconds of the distinct runs used).
+
+Per paper: each stage's title and tables (the reproduced value beside the printed one and the difference,
+exactly as the notebook wrote them), figures, profile, provenance (commits, versions, seeds, devices) and
+compute, then the paper's claims with their verdicts and the numbers that decided them. A stage named in
+dvc.yaml, a claims file or its `planned_stages` without outputs is listed as "not reproduced yet".
+Nothing here trains, imports torch, or changes a number.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import html
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from . import claims
+
+REPO_ROOT = claims.REPO_ROOT
+DVC_FILE = REPO_ROOT / "dvc.yaml"
+# The five papers (those with notebooks first); a stage `<id>_<name>` belongs to paper <id>. A paper not
+# listed here still gets its section when a claims file or a stage names it.
+PAPERS = {"pfedsd": "pFedSD (TPDS 2022)", "dcpfl": "DC-PFL (IJCAI 2024)", "scd": "Spectral co-distillation (NeurIPS 2023)",
+          "fedbsd": "FedBSD", "perfedckt": "PerFed-CKT"}
+NOT_REPRODUCED = "not reproduced yet"
+MAIN_STEMS = ("table", "table_wide")      # a stage's tables in this order first: the first one is shown, the rest fold
+SKIP_CSV = {"runs"}                      # per-run rows: summarised as provenance and compute
+VERSION_KEYS = ("pflrepro", "torch", "numpy", "python")
+
+
+@dataclass
+class Stage:
+    name: str
+    paper: str
+    dir: Path
+    exists: bool = False
+    profile: str = ""
+    banner: str = ""
+    title: str = ""
+    tables: list = field(default_factory=list)    # [(stem, markdown or None, csv path or None)]
+    figures: list = field(default_factory=list)   # [Path]
+    runs: list = field(default_factory=list)      # [{path, wall_seconds, seed, git, device, ...}]
+    notebook: Path | None = None
+
+    @property
+    def wall_seconds(self) -> float:
+        return sum(r.get("wall_seconds") or 0.0 for r in self.runs)
+
+
+# ------------------------------------------------------------------ what exists
+def _stage_key(name: str):
+    """table2 < table10 < fig2 (tables first, then figures, each by number)."""
+    m = re.search(r"_(table|fig)(\d+)(.*)$", name)
+    return (name.split("_")[0], ("table", "fig").index(m.group(1)), int(m.group(2)), m.group(3)) if m \
+        else (name.split("_")[0], 2, 0, name)
+
+
+def _paper_of(name: str, papers) -> str:
+    return next((p for p in sorted(papers, key=len, reverse=True) if name.startswith(p + "_")), name.split("_")[0])
+
+
+def _has_outputs(d: Path) -> bool:
+    return d.is_dir() and ((d / "provenance.json").exists() or any(d.glob("*.csv")))
+
+
+def expected_stages(results_root: Path, docs: list[dict]) -> dict[str, list[str]]:
+    """paper -> its stages: those with outputs under results_root, those named in dvc.yaml, and those the
+    claims files name (`where.stage`, `planned_stages`)."""
+    papers = set(PAPERS) | {d["paper"] for d in docs}
+    names = {d.name for d in results_root.iterdir() if "_" in d.name and _has_outputs(d)} \
+        if results_root.is_dir() else set()
+    if DVC_FILE.exists():
+        stages = (yaml.safe_load(DVC_FILE.read_text()) or {}).get("stages", {})
+        names |= {s for s in stages if any(s.startswith(p + "_") for p in papers)}
+    for d in docs:
+        names |= {c["where"]["stage"] for c in d["claims"]} | set(d.get("planned_stages", []))
+    out = {p: [] for p in list(PAPERS) + sorted(papers - set(PAPERS))}
+    for n in sorted(names, key=_stage_key):
+        out.setdefault(_paper_of(n, papers), []).append(n)
+    return out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _title(md: str | None) -> str:
+    m = re.search(r"^#+\s+(.+?)\s*$", md or "", re.M)
+    return m.group(1) if m else ""
+
+
+def load_stage(name: str, paper: str, results_root: Path, figures_root: Path) -> Stage:
+    d = results_root / name
+    st = Stage(name, paper, d, exists=_has_outputs(d))
+    if not st.exists:
+        return st
+    prov = _read_json(d / "provenance.json")
+    st.profile, st.banner = prov.get("profile") or "?", prov.get("banner", "")
+    stems = {p.stem for p in d.glob("*.md")} | {p.stem for p in d.glob("*.csv")}
+    first = {s: i for i, s in enumerate(MAIN_STEMS)}
+    for stem in sorted(stems - SKIP_CSV, key=lambda s: (first.get(s, len(first)), s)):
+        md = (d / f"{stem}.md").read_text() if (d / f"{stem}.md").exists() else None
+        st.tables.append((stem, md, d / f"{stem}.csv" if (d / f"{stem}.csv").exists() else None))
+    st.title = next((_title(md) for _, md, _ in st.tables if _title(md)), "")
+    figs = {p.name: p for p in sorted((d / "figures").glob("*.png"))}     # a notebook run with out_dir
+    figs.update({p.name: p for p in sorted((figures_root / name).glob("*.png"))})
+    st.figures = [figs[k] for k in sorted(figs)]
+    st.runs = run_records(d, prov, results_root)
+    nb = d / f"{name}.ipynb"
+    st.notebook = nb if nb.exists() else None
+    return st
+
+
+def run_records(stage_dir: Path, prov: dict, results_root: Path) -> list[dict]:
+    """One dict per run the stage used: its provenance.json entry (wall_seconds, seed, git, device, torch),
+    completed from the run's own provenance.json in the run store (versions; wall time where the stage's
+    file has none), else from runs.csv (wall_s)."""
+    runs = [{"key": k, **v} for k, v in (prov.get("runs") or {}).items()]
+    if not runs and (stage_dir / "runs.csv").exists():
+        df = pd.read_csv(stage_dir / "runs.csv")
+        runs = [{"key": "/".join(str(r.get(c, "")) for c in ("method", "setting", "seed")), "path": r.get("run"),
+                 "seed": r.get("seed"), "dataset": r.get("dataset"), "wall_seconds": r.get("wall_s")}
+                for r in df.to_dict("records")]
+    for r in runs:
+        path = str(r.get("path") or "")
+        for store in (results_root / "runs", stage_dir / "runs"):
+            own = _read_json(store / path / "provenance.json") if path else {}
+            if own:
+                r["store"] = str(store.resolve())
+                r.update({k: own[k] for k in VERSION_KEYS if k in own})
+                if r.get("wall_seconds") is None:
+                    r["wall_seconds"] = own.get("wall_seconds")
+                break
+        w = r.get("wall_seconds")
+        r["wall_seconds"] = float(w) if w is not None and w == w else None
+    return runs
+
+
+# ------------------------------------------------------------------ summary
+def _counts(rows: list[dict]) -> dict:
+    c = {v: 0 for v in claims.VERDICTS}
+    for r in rows:
+        c[r["verdict"]] += 1
+    return c
+
+
+def _distinct_wall(stages: list[Stage]) -> float:
+    """Each run once, however many stages render it (Table 2's runs feed Tables 4, 5, Figs. 6, 7)."""
+    seen: dict = {}
+    for st in stages:
+        for r in st.runs:
+            key = (r.get("store", ""), r.get("path") or f"{st.name}/{r.get('key')}")
+            seen.setdefault(key, r.get("wall_seconds") or 0.0)
+    return sum(seen.values())
+
+
+def summarize(papers: dict[str, list[Stage]], rows: list[dict], has_claims: set) -> list[dict]:
+    """One row per (paper, profile of the outputs) with the claims evaluated on those outputs; the claims
+    on stages not reproduced yet, and those stages, in a row of their own."""
+    out = []
+    for paper, stages in papers.items():
+        profile_of = {st.name: st.profile if st.exists else NOT_REPRODUCED for st in stages}
+        prows = [r for r in rows if r["paper"] == paper]
+        for r in prows:
+            profile_of.setdefault(r["stage"], NOT_REPRODUCED)
+        profiles = sorted({p for p in profile_of.values() if p != NOT_REPRODUCED})
+        for prof in profiles + [NOT_REPRODUCED]:
+            sts = [st for st in stages if profile_of[st.name] == prof]
+            mine = [r for r in prows if profile_of[r["stage"]] == prof]
+            if prof == NOT_REPRODUCED and not sts and not mine and profiles:
+                continue
+            note = "" if paper in has_claims else "no claims file yet"
+            out.append({"paper": paper, "title": PAPERS.get(paper, paper), "profile": prof, "stages": len(sts),
+                        **_counts(mine), "claims": len(mine),
+                        "compute_s": round(_distinct_wall(sts), 1) if prof != NOT_REPRODUCED else None,
+                        "note": note})
+    return out
+
+
+# ------------------------------------------------------------------ markdown
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "—"
+    return f"{s:.1f} s" if s < 60 else (f"{s / 60:.1f} min" if s < 3600 else f"{s / 3600:.2f} h")
+
+
+def _cell(x) -> str:
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def summary_markdown(summary: list[dict], link: bool = True) -> str:
+    head = ["paper", "profile", "stages", *claims.VERDICTS, "compute", "note"]
+    rows = [[f"[{s['title']}](#paper-{s['paper']})" if link else s["title"], s["profile"], s["stages"],
+             *(s[v] for v in claims.VERDICTS), _duration(s["compute_s"]), s["note"]] for s in summary]
+    return _md_table(head, rows)
+
+
+def _demote(md: str) -> str:
+    """A notebook's markdown under a stage heading: drop its title line, push its other headings below."""
+    lines = md.strip().splitlines()
+    if lines and lines[0].startswith("#"):
+        lines = lines[1:]
+    return "\n".join(re.sub(r"^#{1,3}(?=\s)", "####", ln) for ln in lines).strip()
+
+
+def _csv_markdown(path: Path, max_rows: int = 60) -> str:
+    df = pd.read_csv(path)
+    rows = [[("" if v != v else f"{v:.2f}") if isinstance(v, float) else v for v in r]
+            for r in df.head(max_rows).itertuples(index=False)]
+    more = f"\n({len(df) - max_rows} more rows in `{path.name}`)\n" if len(df) > max_rows else ""
+    return _md_table([str(c) for c in df.columns], rows) + more
+
+
+def _rel(path: Path, out_dir: Path) -> str:
+    return Path(os.path.relpath(path.resolve(), out_dir.resolve())).as_posix()
+
+
+def provenance_markdown(st: Stage) -> str:
+    def uniq(key, fmt=str):
+        vals = sorted({fmt(r[key]) for r in st.runs if r.get(key) is not None})
+        return ", ".join(vals) if vals else "—"
+    commits = uniq("git", lambda g: f"{g.get('commit', '?')[:10]}{' (dirty)' if g.get('dirty') else ''}"
+                   if isinstance(g, dict) else str(g))
+    versions = "; ".join(f"{k} {uniq(k)}" for k in VERSION_KEYS if any(r.get(k) for r in st.runs)) or "—"
+    timed = [r for r in st.runs if r.get("wall_seconds") is not None]
+    if not st.runs:
+        return (f"- **profile** `{st.profile}`; no training runs recorded (the stage measures or draws without "
+                f"training); banner: {st.banner or '—'}\n")
+    lines = [f"- **profile** `{st.profile}`; **runs** {len(st.runs)}; **seeds** {uniq('seed')}; "
+             f"**datasets** {uniq('dataset')} ({uniq('dataset_source')}); **device** {uniq('device')}",
+             f"- **commit** {commits}; **versions** {versions}; "
+             f"**code fingerprints** {len({r.get('code_sha256') for r in st.runs if r.get('code_sha256')})}",
+             f"- **compute** {_duration(st.wall_seconds)}: the sum of `wall_seconds` over the {len(timed)} runs it "
+             f"used, as each was trained (runs trained side by side overlap in time; a run several stages render "
+             f"counts in each of them, once in the paper's total)"]
+    return "\n".join(lines) + "\n"
+
+
+def _stage_title(st: Stage) -> str:
+    if st.title:
+        return st.title
+    return ("figure " + ", ".join(p.stem for p in st.figures)) if st.figures else "(no table, no figure)"
+
+
+def stage_markdown(st: Stage, out_dir: Path, stage_rows: list[dict]) -> str:
+    parts = [f'<a id="stage-{st.name}"></a>\n\n### `{st.name}`: {_stage_title(st)}\n']
+    for i, (stem, md, csv) in enumerate(st.tables):
+        body = _demote(md) if md is not None else _csv_markdown(csv)
+        if i == 0:
+            parts.append(body + "\n")
+        else:
+            parts.append(f"<details><summary>{html.escape(stem)}: {html.escape(_title(md) or stem + '.csv')}"
+                         f"</summary>\n\n{body}\n\n</details>\n")
+    if not st.tables:
+        parts.append("(this stage wrote no table)\n")
+    parts += [f"![{st.name} {p.stem}]({_rel(p, out_dir)})\n" for p in st.figures]
+    parts.append(provenance_markdown(st))
+    if st.notebook:
+        parts.append(f"Executed notebook: [{st.notebook.name}]({_rel(st.notebook, out_dir)})\n")
+    if stage_rows:
+        parts.append(f"Claims on this stage: {_count_text(_counts(stage_rows))} (see the checklist below).\n")
+    return "\n".join(parts)
+
+
+def _count_text(c: dict) -> str:
+    return ", ".join(f"{n} {v}" for v, n in c.items() if n) or "none"
+
+
+def claims_markdown(rows: list[dict]) -> str:
+    """The paper's checklist: verdict, claim (id, stage, profile), the quoted sentence, the numbers."""
+    out = [f"### Claims checklist: {_count_text(_counts(rows))}\n"]
+    table = []
+    for r in rows:
+        where = f"{r['id']}<br>`{r['stage']}`" + (f"<br>profile {r['profile']}" if r["profile"] else "") + \
+            (f"<br>stand-in: {'/'.join(r['stand_in'])}" if r["stand_in"] else "")
+        ev = r["evidence"] + (f" — paper's own numbers: {r['paper_inconsistent']}" if r["paper_inconsistent"] else "") \
+            + (f" — note: {r['note']}" if r["note"] else "")
+        table.append([r["verdict"], where, r["quote"], ev])
+    out.append(_md_table(["verdict", "claim", "quote", "numbers that decided it"], table))
+    return "\n".join(out)
+
+
+def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: Path) -> str:
+    done = [st for st in stages if st.exists]
+    missing = [st.name for st in stages if not st.exists]
+    parts = [f'<a id="paper-{paper}"></a>\n\n## {PAPERS.get(paper, paper)} (`{paper}`)\n']
+    if not stages and not rows:
+        return "\n".join(parts + [f"**{NOT_REPRODUCED.capitalize()}:** no notebook stage and no claims file yet.\n"])
+    parts += [
+             f"{len(done)} of {len(stages)} stages reproduced; compute {_duration(_distinct_wall(done) if done else None)} "
+             f"(distinct runs); claims: {_count_text(_counts(rows)) if rows else 'no claims file yet'}.\n"]
+    if done:
+        parts.append(_md_table(["stage", "title", "profile", "runs", "compute", "claims"],
+                               [[f"[{st.name}](#stage-{st.name})", _stage_title(st), st.profile, len(st.runs),
+                                 _duration(st.wall_seconds if st.runs else None), _count_text(_counts([r for r in rows if r["stage"] == st.name]))]
+                                for st in done]))
+    parts.append(f"**{NOT_REPRODUCED.capitalize()}:** " + (", ".join(f"`{m}`" for m in missing) or "none") + "\n")
+    parts += [stage_markdown(st, out_dir, [r for r in rows if r["stage"] == st.name]) for st in done]
+    if rows:
+        parts.append(claims_markdown(rows))
+    return "\n".join(parts)
+
+
+def _git_now() -> str:
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=10", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: list[dict], results_root: Path,
+                    out_dir: Path) -> str:
+    now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    parts = ["# Reproduction report\n",
+             f"Generated {now} by `python -m pflrepro report` (code at {_git_now()}) from `{results_root}`.\n",
+             "## Summary\n",
+             "Claims are the papers' own sentences about their results, checked on the reproduced tables "
+             "(`pflrepro/claims.py`): **holds**, **fails**, **undecided** (the difference is inside the noise: "
+             "the seeds' spread, or for one seed the claim's minimum gap) or **not run** (its table, profile, "
+             "cells or methods are not in the outputs). A profile other than `paper` runs smaller settings on "
+             "offline stand-in data: its verdicts speak about trends there, not about the paper's numbers. "
+             "Compute: the wall time of the distinct runs the outputs used.\n",
+             summary_markdown(summary)]
+    for paper, stages in papers.items():
+        parts.append(paper_markdown(paper, stages, [r for r in rows if r["paper"] == paper], out_dir))
+    return "\n".join(parts)
+
+
+# ------------------------------------------------------------------ html
+CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;line-height:1.45;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:.6em 0}th,td{border:1px solid #ccc;padding:3px 6px;vertical-align:top}
+th{background:#f3f3f3}.tw{overflow-x:auto}img{max-width:100%;border:1px solid #eee;margin:.4em 0}
+blockquote{color:#555;border-left:3px solid #ccc;margin:.5em 0;padding-left:.8em}code{background:#f5f5f5;padding:0 3px}
+td.v-holds{background:#d9f2d9}td.v-fails{background:#f8d4d4}td.v-undecided{background:#fdf2c8}td.v-not-run{color:#777}
+h2{border-bottom:2px solid #ddd;margin-top:2em}h3{margin-top:1.6em}details{margin:.5em 0}.path{font-family:monospace}"""
+
+
+def _markdown_to_html(md: str) -> str:
+    try:
+        import mistune
+        return mistune.create_markdown(escape=False, plugins=["table"])(md)
+    except ImportError:   # mistune comes with jupyterlab (nbconvert); markdown-it-py is the other one around
+        from markdown_it import MarkdownIt
+        return MarkdownIt("commonmark", {"html": True}).enable("table").render(md)
+
+
+def to_html(md: str, base: Path, title: str = "Reproduction report") -> str:
+    """The markdown as one self-contained page: images read (relative to `base`) and embedded as data URIs,
+    links to anything but an anchor on the page shown as text."""
+    body = _markdown_to_html(md)
+
+    def embed(m):
+        tag = m.group(0)
+        src = re.search(r'\ssrc="([^"]*)"', tag)
+        if src is None or src.group(1).startswith("data:"):
+            return tag
+        path = Path(os.path.normpath(base / html.unescape(src.group(1))))
+        if not path.is_file():
+            return f"<em>(missing figure {html.escape(path.name)})</em>"
+        uri = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
+        return tag[:src.start()] + f' src="{uri}"' + tag[src.end():]
+    body = re.sub(r"<img\b[^>]*>", embed, body)
+    body = re.sub(r'<a href="(?!#)[^"]*"[^>]*>(.*?)</a>', r'<span class="path">\1</span>', body, flags=re.S)
+    body = re.sub(r"<td>(holds|fails|undecided|not run)</td>",
+                  lambda m: f'<td class="v-{m.group(1).replace(" ", "-")}">{m.group(1)}</td>', body)
+    body = body.replace("<table>", '<div class="tw"><table>').replace("</table>", "</table></div>")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+
+
+# ------------------------------------------------------------------ entry points
+def write_report(results_root: Path, figures_root: Path, out_dir: Path) -> dict:
+    """Write report.md, report.html, summary.csv and summary.md into out_dir; return their paths, the
+    summary rows, the claims rows and each stage's status (reproduced / not reproduced yet)."""
+    results_root, figures_root, out_dir = Path(results_root), Path(figures_root), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    docs = [claims.load(p) for p in claims.claims_files()]
+    rows = claims.check(results_root)
+    papers = {p: [load_stage(n, p, results_root, figures_root) for n in names]
+              for p, names in expected_stages(results_root, docs).items()}
+    summary = summarize(papers, rows, {d["paper"] for d in docs})
+    md = report_markdown(papers, rows, summary, results_root, out_dir)
+    paths = {"markdown": out_dir / "report.md", "html": out_dir / "report.html",
+             "summary_csv": out_dir / "summary.csv", "summary_md": out_dir / "summary.md"}
+    paths["markdown"].write_text(md)
+    paths["html"].write_text(to_html(md, out_dir))
+    pd.DataFrame(summary).to_csv(paths["summary_csv"], index=False)
+    paths["summary_md"].write_text("# Reproduction summary\n\n" + summary_markdown(summary, link=False))
+    stages = {st.name: (st.profile if st.exists else NOT_REPRODUCED) for sts in papers.values() for st in sts}
+    return {**paths, "summary": summary, "claims": rows, "stages": stages}
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--results", help="results directory (default: $PFLREPRO_RESULTS or results/)")
+    ap.add_argument("--figures", help="figures directory (default: figures/)")
+    ap.add_argument("--out", help="where to write the report (default: <results>/report)")
+
+
+def run_cli(a) -> int:
+    results = Path(a.results) if a.results else claims._results_root()
+    try:
+        out = write_report(results, Path(a.figures) if a.figures else REPO_ROOT / "figures",
+                           Path(a.out) if a.out else results / "report")
+    except claims.ClaimsError as e:
+        print(f"claims error: {e}")
+        return 2
+    print(summary_markdown(out["summary"], link=False))
+    for k in ("html", "markdown", "summary_csv", "summary_md"):
+        print(f"wrote {out[k]}")
+    return 0

@@ -1,0 +1,23 @@
+"""Existing results stay what they were: two tiny runs (pFedSD batched, FedPer per client with partial
+participation) must reproduce the metrics the code computed before the round loop learnt about simulated
+time and asynchronous servers (tests/golden/). Compared to 1e-6 relative, not bit for bit, so that another
+CPU's kernels cannot fail it while any change of the computation does."""
+import json
+from pathlib import Path
+
+import pytest
+
+from pflrepro.runs import run
+from tests.conftest import FMNIST_AVAILABLE
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "metrics_b369e49.json").read_text())
+
+
+@pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
+@pytest.mark.parametrize("case", GOLDEN["runs"], ids=lambda c: c["config"]["algorithm"])
+def test_metrics_unchanged_since_b369e49(case, store):
+    res = run(case["config"], progress=False)
+    assert len(res.history) == len(case["history"])
+    for got, want in zip(res.history, case["history"]):
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (got["round"], key)

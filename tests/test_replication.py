@@ -1,0 +1,146 @@
+"""pflrepro.replication: the one report, on a hand-made results tree (two stages of a fake paper, one
+planned stage without outputs, a stage of a paper without a claims file) and a fake claims file."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+import pytest
+import yaml
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from pflrepro import claims, replication  # noqa: E402
+from pflrepro.__main__ import main  # noqa: E402
+
+GIT = {"commit": "abcdef0123456789", "dirty": False}
+CLAIMS = {"paper": "fake", "min_gap": 1.0, "planned_stages": ["fake_table3"], "claims": [
+    {"id": "m1-beats-m2", "quote": "Method one beats method two.", "where": {"stage": "fake_table1", "table": "table"},
+     "form": "order", "a": "m1", "b": "m2"},                                       # 80 vs 70: holds
+    {"id": "m2-beats-m1", "quote": "Method two beats method one.", "where": {"stage": "fake_table1", "table": "table"},
+     "form": "order", "a": "m2", "b": "m1"},                                       # fails
+    {"id": "m1-beats-m3", "quote": "Method one beats method three.", "where": {"stage": "fake_table1", "table": "table"},
+     "form": "order", "a": "m1", "b": "m3"},                                       # 80 vs 79.5, one seed: undecided
+    {"id": "fig-m1-best", "quote": "Method one is best in the figure.", "where": {"stage": "fake_fig2", "table": "table"},
+     "form": "best", "a": "m1"},                                                   # holds
+    {"id": "planned", "quote": "A table nobody has reproduced yet.", "where": {"stage": "fake_table3", "table": "table"},
+     "form": "order", "a": "m1", "b": "m2"},                                       # not run
+]}
+
+
+def png(path: Path) -> bytes:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(1.5, 1))
+    ax.plot([0, 1], [0, 1])
+    fig.savefig(path, dpi=40)
+    plt.close(fig)
+    return path.read_bytes()
+
+
+def stage(results: Path, name: str, values: dict, runs: dict[str, float], profile: str = "mini") -> Path:
+    """results/<name>/ as notebook.Experiment writes it: table.md/.csv, runs.csv, provenance.json (and
+    each run's own provenance.json in the store results/runs/)."""
+    d = results / name
+    d.mkdir(parents=True)
+    t = pd.DataFrame({"dataset": "fmnist", "setting": "s1", "method": list(values), "reproduced": list(values.values()),
+                      "repro_std": float("nan"), "seeds": 1, "paper": 90.0})
+    t["diff"] = t["reproduced"] - t["paper"]
+    t.to_csv(d / "table.csv", index=False)
+    rows = "\n".join(f"| {m} | {v:.2f} | 90.00 | {v - 90:.2f} |" for m, v in values.items())
+    (d / "table.md").write_text(f"## {name.upper()} (accuracy %)\n\n> profile={profile} | dataset=fmnist | seeds=[0]\n\n"
+                                f"| method | reproduced | paper | diff |\n|---|---|---|---|\n{rows}\n")
+    runs_rows, prov = [], {}
+    for path, wall in runs.items():
+        runs_rows.append({"method": path.split("-")[0], "dataset": "fmnist", "setting": "s1", "seed": 0, "best": 1.0,
+                          "wall_s": wall, "run": path})
+        prov[f"{path}/s1/0"] = {"path": path, "seed": 0, "dataset": "fmnist", "device": "cpu", "wall_seconds": wall,
+                                "git": GIT, "torch": "9.9.9", "code_sha256": "c0de"}
+        store = results / "runs" / path
+        store.mkdir(parents=True, exist_ok=True)
+        (store / "provenance.json").write_text(json.dumps({"wall_seconds": wall, "torch": "9.9.9", "numpy": "7.7.7",
+                                                           "python": "3.99", "pflrepro": "0.1.0"}))
+    pd.DataFrame(runs_rows).to_csv(d / "runs.csv", index=False)
+    (d / "provenance.json").write_text(json.dumps({"notebook": name, "profile": profile, "banner": "fake", "runs": prov}))
+    return d
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    claims_dir = tmp_path / "paper_numbers"
+    claims_dir.mkdir()
+    (claims_dir / "fake_claims.yaml").write_text(yaml.safe_dump(CLAIMS))
+    monkeypatch.setattr(claims, "CLAIMS_DIR", claims_dir)            # only the fake paper's claims
+    monkeypatch.setattr(replication, "DVC_FILE", tmp_path / "dvc.yaml")  # no dvc.yaml: stages from outputs + claims
+    results, figures = tmp_path / "results", tmp_path / "figures"
+    stage(results, "fake_table1", {"m1": 80.0, "m2": 70.0, "m3": 79.5}, {"m1-a": 10.0, "m2-b": 20.0})
+    stage(results, "fake_fig2", {"m1": 85.0, "m2": 60.0}, {"m1-a": 10.0, "m3-c": 5.0})   # shares run m1-a
+    stage(results, "other_table1", {"m1": 50.0}, {"m1-z": 1.0}, profile="smoke")          # a paper without claims
+    (results / "fake_table1" / "fake_table1.ipynb").write_text("{}")              # papermill's executed notebook
+    pngs = {"table1": png(figures / "fake_table1" / "vs_paper.png"),               # figures/<stage>/ (dvc repro)
+            "fig2": png(results / "fake_fig2" / "figures" / "curves.png")}         # <out_dir>/figures/ (a sweep point)
+    return results, figures, pngs
+
+
+def test_report_files_figures_embedded_and_nothing_external(tree):
+    results, figures, pngs = tree
+    out = replication.write_report(results, figures, results / "report")
+    for key in ("html", "markdown", "summary_csv", "summary_md"):
+        assert out[key].is_file() and out[key].stat().st_size > 0
+    page = out["html"].read_text()
+    for data in pngs.values():                                    # each PNG, byte for byte, as a data URI
+        assert f'src="data:image/png;base64,{base64.b64encode(data).decode()}"' in page
+    assert len(re.findall(r"<img\b", page)) == 2
+    assert 'src="http' not in page and 'href="http' not in page
+    assert re.findall(r'(?:src|href)="(?!data:image/png;base64,|#)', page) == []   # no file, no host
+    assert '<span class="path">fake_table1.ipynb</span>' in page   # the executed notebook: named, not linked
+    md = out["markdown"].read_text()
+    assert "](../../figures/fake_table1/vs_paper.png)" in md      # results/report/ -> figures/<stage>/
+    assert "](../fake_fig2/figures/curves.png)" in md
+    assert "[fake_table1.ipynb](../fake_table1/fake_table1.ipynb)" in md
+    assert "FAKE_TABLE1 (accuracy %)" in md and "| m2 | 70.00 | 90.00 | -20.00 |" in md   # title, table as written
+    assert "<td>-20.00</td>" in page and '<td class="v-holds">holds</td>' in page
+
+
+def test_summary_counts_match_the_claims_checker(tree):
+    results, figures, _ = tree
+    expected = claims.summary(claims.check(results))
+    assert expected["fake"] == {"holds": 2, "fails": 1, "undecided": 1, "not run": 1}   # the fixture decides each way
+    out = replication.write_report(results, figures, results / "report")
+    rows = [r for r in out["summary"] if r["paper"] == "fake"]
+    assert {r["profile"] for r in rows} == {"mini", replication.NOT_REPRODUCED}
+    for v in claims.VERDICTS:
+        assert sum(r[v] for r in rows) == expected["fake"][v]
+    mini = next(r for r in rows if r["profile"] == "mini")
+    assert (mini["stages"], mini["holds"], mini["fails"], mini["undecided"], mini["not run"]) == (2, 2, 1, 1, 0)
+    assert mini["compute_s"] == 35.0                               # run m1-a counted once: 10 + 20 + 5
+    csv = pd.read_csv(out["summary_csv"])
+    assert csv.query("paper == 'fake' and profile == 'mini'")["holds"].item() == 2
+    other = next(r for r in out["summary"] if r["paper"] == "other")
+    assert (other["profile"], other["note"]) == ("smoke", "no claims file yet")
+    md = out["markdown"].read_text()
+    assert "commit** abcdef0123" in md and "numpy 7.7.7" in md and "**seeds** 0" in md   # provenance, from the store
+    assert "**compute** 30.0 s" in md                              # fake_table1: its two runs
+
+
+def test_missing_stage_is_not_reproduced_yet(tree):
+    results, figures, _ = tree
+    out = replication.write_report(results, figures, results / "report")
+    assert out["stages"]["fake_table3"] == replication.NOT_REPRODUCED
+    assert out["stages"]["fake_table1"] == "mini"
+    row = next(r for r in out["summary"] if r["paper"] == "fake" and r["profile"] == replication.NOT_REPRODUCED)
+    assert (row["stages"], row["not run"]) == (1, 1)
+    md = out["markdown"].read_text()
+    assert "**Not reproduced yet:** `fake_table3`" in md
+    assert "## PerFed-CKT (`perfedckt`)\n\n**Not reproduced yet:** no notebook stage" in md
+
+
+def test_cli(tree, capsys):
+    results, figures, _ = tree
+    assert main(["report", "--results", str(results), "--figures", str(figures), "--out", str(results / "r")]) == 0
+    assert (results / "r" / "report.html").is_file()
+    assert "| fake | mini | 2 | 2 | 1 | 1 | 0 |" in capsys.readouterr().out
