@@ -354,6 +354,13 @@ def write_dvc_yaml() -> None:
     for name in ["example", *NOTEBOOKS]:
         if (ROOT / "notebooks" / f"{name}.ipynb").exists():
             stages[name] = stage(name)
+    papers = [n for n in stages if n not in FIXED_STAGES and n != "example"]
+    stages["report"] = {  # the replication report: every paper's tables, figures and claims checklist, last
+        "cmd": "python -m pflrepro report --results results --figures figures --out results/report",
+        "deps": ["pflrepro/claims.py", "pflrepro/replication.py", "paper_numbers"]
+                + [f"results/{n}" for n in papers] + [f"figures/{n}" for n in papers],
+        "outs": ["results/report"],
+    }
     text = yaml.safe_dump({"stages": stages}, sort_keys=False, width=120).replace(": null", ":")
     (ROOT / "dvc.yaml").write_text(DVC_HEADER + text)
     print("wrote dvc.yaml", len(stages), "stages")

@@ -45,7 +45,8 @@ def _code_path(cfg):
     classes), algorithm and its non-numeric switches (numeric hyperparameters, lr, participation, alpha,
     clients, epochs only change values; partitions and dataset shapes are covered by the tests below)."""
     hp = tuple(sorted((k, v) for k, v in cfg.hparams.items() if isinstance(v, (str, bool)) or v == 0))
-    return (cfg.model, tuple(cfg.models or ()), cfg.algorithm, hp)
+    timing = (cfg.clock.get("protocol"), cfg.clock.get("pm_budget"), cfg.schedule.get("mode"), cfg.new_clients > 0)
+    return (cfg.model, tuple(cfg.models or ()), cfg.algorithm, hp, timing)
 
 
 def _partition(cfg):
@@ -86,6 +87,12 @@ def test_paper_config_starts_on_standin(cfg, tmp_path):
     size, clients, partition rule) runs one round on the stand-in; samples and local epochs are cut
     (1% of the pool, one epoch) so that it takes seconds."""
     fake = cfg.replace(dataset=f"fake-{cfg.dataset}", rounds=1, subsample=min(cfg.subsample, 0.01), local_epochs=1)
+    if cfg.partition == "dirichlet":
+        # plain Dirichlet over 100 clients leaves clients empty on 1% of the pool: 20 clients, each with data
+        # (the exact partition is built at full size by test_paper_partition_builds_on_standin), and batches
+        # of at least 50 (batch size changes values, not code paths)
+        fake = fake.replace(n_clients=20, new_clients=min(cfg.new_clients, 4), batch_size=max(cfg.batch_size, 50),
+                            partition_params={**cfg.partition_params, "min_size": 1})
     res = run(fake, root=tmp_path, progress=False)
     assert len(res.history) == 1 and res.history[0]["round"] == 1
     assert math.isfinite(res.history[0]["train_loss"])
@@ -133,3 +140,11 @@ def test_dvc_stages_cover_every_notebook_and_params():
         assert f"figures/{nbname}" in outs
     for nbname in notebooks:  # committed clean: outputs come from dvc repro
         assert '"output_type"' not in (REPO_ROOT / "notebooks" / f"{nbname}.ipynb").read_text()
+
+
+def test_report_stage_runs_after_every_table():
+    dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    deps = set(dvc["report"]["deps"])
+    for nbname in (p.stem for p in (REPO_ROOT / "notebooks").glob("*.ipynb")):
+        if nbname != "example":
+            assert f"results/{nbname}" in deps and f"figures/{nbname}" in deps, nbname

@@ -15,7 +15,7 @@ needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fa
 
 
 def _sched(**p):
-    cfg = SimpleNamespace(schedule=check_params("schedule", p, SCHEDULE_SCHEMA), n_clients=4, seed=0)
+    cfg = SimpleNamespace(schedule=check_params("schedule", p, SCHEDULE_SCHEMA), n_clients=4, new_clients=0, seed=0)
     return Asynchronous(cfg, np.ones(4))
 
 
