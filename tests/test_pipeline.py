@@ -33,11 +33,15 @@ def _paper_configs():
     return list(seen.values())
 
 
-def _distinct(key):
+def _distinct_items(key):
     out = {}
     for ident, cfg in _paper_configs():
         out.setdefault(key(cfg), (ident, cfg))
-    return [pytest.param(cfg, id=ident) for ident, cfg in out.values()]
+    return list(out.values())
+
+
+def _distinct(key):
+    return [pytest.param(cfg, id=ident) for ident, cfg in _distinct_items(key)]
 
 
 def _code_path(cfg):
@@ -45,8 +49,13 @@ def _code_path(cfg):
     classes), algorithm and its non-numeric switches (numeric hyperparameters, lr, participation, alpha,
     clients, epochs only change values; partitions and dataset shapes are covered by the tests below)."""
     hp = tuple(sorted((k, v) for k, v in cfg.hparams.items() if isinstance(v, (str, bool)) or v == 0))
-    timing = (cfg.clock.get("protocol"), cfg.clock.get("pm_budget"), cfg.schedule.get("mode"), cfg.new_clients > 0)
+    timing = (cfg.clock.get("protocol"), cfg.clock.get("pm_budget"), cfg.schedule.get("mode"))
     return (cfg.model, tuple(cfg.models or ()), cfg.algorithm, hp, timing)
+
+
+_START_KEYS = (lambda c: _code_path(c)[2:],                                  # each algorithm path
+               lambda c: (c.dataset, c.model, tuple(c.models or ())),        # each architecture (mix)
+               lambda c: (c.new_clients > 0,))                              # clients left out of training
 
 
 def _partition(cfg):
@@ -59,7 +68,13 @@ def test_paper_config_counts():
     (an emptied or shrunk grid would make those tests pass vacuously), grouped into fewer start cases."""
     configs = _paper_configs()
     assert len(configs) > 100
-    assert len(_distinct(_code_path)) < len(configs)  # grouping only ever merges
+    cases = _start_cases()
+    assert len(cases) < len(configs)  # grouping only ever merges
+    started = [c.values[0] for c in cases]
+    for key in _START_KEYS[1:]:
+        assert {key(c) for _, c in configs} <= {key(c) for c in started}  # every architecture starts
+    paths = {_START_KEYS[0](c) for c in started}
+    assert all(_START_KEYS[0](c) in paths for _, c in configs)          # and every algorithm path
 
 
 @pytest.mark.parametrize("cfg", _distinct(_partition))
@@ -81,18 +96,68 @@ def test_paper_models_run_on_standin_shapes(cfg):
         assert net(x).shape == (4, raw.spec.num_classes), name
 
 
-@pytest.mark.parametrize("cfg", _distinct(_code_path))
-def test_paper_config_starts_on_standin(cfg, tmp_path):
+# A round of a deep paper model costs seconds a step on 2 cores: an algorithm path whose first paper config
+# trains one is started on the smallest network of the same family (residual blocks with batch norm); the deep
+# model itself starts with the first algorithm that runs it (its own case below).
+_SMALLER = {"resnet18": "resnet8", "resnet34": "resnet8", "mobilenetv2": "resnet8"}
+
+
+def _start_cases():
+    """One start case per code path: every paper architecture (or architecture mix) with the first algorithm
+    that runs on it, every algorithm path (algorithm, its switches, the timing variant) on the first paper
+    config that runs it (on a smaller network of the same family where that config trains a deep one), and
+    clients left out of training. The cross product adds no code path: an algorithm sees a model only through
+    its parameters and its body/head split, which every model offers alike (and every (dataset, model) pair is
+    also checked by test_paper_models_run_on_standin_shapes)."""
+    out: dict = {}
+    for i, key in enumerate(_START_KEYS):
+        for ident, cfg in _distinct_items(key):
+            if i == 0 and cfg.model in _SMALLER and not cfg.models:
+                cfg, ident = cfg.replace(model=_SMALLER[cfg.model]), f"{ident}:{_SMALLER[cfg.model]}"
+            out.setdefault(_code_path(cfg) + (cfg.dataset, cfg.new_clients > 0), (ident, cfg))
+    return [pytest.param(cfg, id=ident) for ident, cfg in out.values()]
+
+
+def _classes(cfg) -> int:
+    from pflrepro.data import SPECS
+    return SPECS[cfg.dataset].num_classes
+
+
+@pytest.fixture
+def cut_test_sets(monkeypatch):
+    """Stand-ins whose global test set is cut to 2% (at least 2 per class): evaluating 20 personal
+    ResNets on CIFAR's 10,000 test images took 200 of a start case's 250 seconds."""
+    from pflrepro import runs
+    from pflrepro.data import RawDataset
+
+    real = runs._raw
+
+    def cut(name):
+        raw = real(name)
+        if not name.startswith("fake-"):
+            return raw
+        n = max(2 * raw.spec.num_classes, len(raw.y_test) // 50)
+        return RawDataset(raw.spec, raw.x_train, raw.y_train, raw.x_test[:n], raw.y_test[:n], source=raw.source)
+    monkeypatch.setattr(runs, "_raw", cut)
+
+
+@pytest.mark.parametrize("cfg", _start_cases())
+def test_paper_config_starts_on_standin(cfg, tmp_path, cut_test_sets):
     """Every code path of the paper profiles (dataset shapes, model(s), algorithm and variant, batch
     size, clients, partition rule) runs one round on the stand-in; samples and local epochs are cut
-    (1% of the pool, one epoch) so that it takes seconds."""
-    fake = cfg.replace(dataset=f"fake-{cfg.dataset}", rounds=1, subsample=min(cfg.subsample, 0.01), local_epochs=1)
+    (1% of the pool, 0.2% under plain Dirichlet, one epoch, 2% of the test set) so that it takes seconds."""
+    # epochs an algorithm counts itself (FedRep's 10 head + 5 body, SCD's E_p = 5) cut to one as well (0 keeps
+    # its meaning "as local_epochs")
+    hp = {n: 1 if n.endswith("epochs") and isinstance(v, int) and v > 1 else v for n, v in cfg.hparams.items()}
+    fake = cfg.replace(dataset=f"fake-{cfg.dataset}", rounds=1, subsample=min(cfg.subsample, 0.01), local_epochs=1,
+                       hparams=hp)
     if cfg.partition == "dirichlet":
-        # plain Dirichlet over 100 clients leaves clients empty on 1% of the pool: 20 clients, each with data
-        # (the exact partition is built at full size by test_paper_partition_builds_on_standin), and batches
-        # of at least 50 (batch size changes values, not code paths)
-        fake = fake.replace(n_clients=20, new_clients=min(cfg.new_clients, 4), batch_size=max(cfg.batch_size, 50),
-                            partition_params={**cfg.partition_params, "min_size": 1})
+        # plain Dirichlet over 100 clients leaves clients empty on 1% of the pool: 6 clients on 0.2% of it, each
+        # with data (the exact partition is built at full size by test_paper_partition_builds_on_standin), and
+        # batches of at least 50, so that every epoch is one step (batch size and clients change values, not
+        # code paths)
+        fake = fake.replace(n_clients=6, new_clients=min(cfg.new_clients, 2), batch_size=max(cfg.batch_size, 50),
+                            subsample=min(cfg.subsample, 0.002 * max(1, _classes(cfg) // 30)), partition_params={**cfg.partition_params, "min_size": 1})
     res = run(fake, root=tmp_path, progress=False)
     assert len(res.history) == 1 and res.history[0]["round"] == 1
     assert math.isfinite(res.history[0]["train_loss"])
