@@ -1,4 +1,4 @@
-"""FedRep, FedRoD, FedBABU: which parameters move in each phase, what is uploaded, FedRoD's losses on
+"""FedRep, FedBSD, FedRoD, FedBABU: which parameters move in each phase, what is uploaded, FedRoD's losses on
 hand-computed cases, resume, and one short learning run each on real Fashion-MNIST."""
 import io
 import math
@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pflrepro.algorithms import ALGORITHMS
+from pflrepro.algorithms.fedbsd import feature_kd
 from pflrepro.algorithms.fedrod import RoD, bsm_loss, rod_losses
 from pflrepro.config import RunConfig
 from pflrepro.engine import clone_state, run_rounds
@@ -57,6 +58,64 @@ def test_fedrep_trains_the_head_then_the_body_and_uploads_the_body():
     new = algo.aggregate(1, server, [up], {0: st})
     assert _same(new["params"], g, HEAD)                  # heads never reach the server
     assert _same(algo.plan(2, 0, new, st).start, {**up.payload, **st["personal"]}, g)
+
+
+# ---------------------------------------------------------------- FedBSD
+def test_feature_kd_on_hand_computed_features():
+    """softmax(t / T) = (0.75, 0.25), softmax(s / T) = (0.5, 0.5): KL = 0.75 ln 1.5 + 0.25 ln 0.5 = 0.1308120,
+    times T^2; identical features give 0; features are flattened over every non-batch dimension."""
+    ln3 = math.log(3.0)
+    kl = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
+    assert abs(kl - 0.1308120) < 1e-6
+    s, t = torch.zeros(2, 2), torch.tensor([[ln3, 0.0], [ln3, 0.0]])
+    assert torch.isclose(feature_kd(s, t, 1.0), torch.tensor(kl), atol=1e-6)
+    assert torch.isclose(feature_kd(s, 2 * t, 2.0), torch.tensor(4 * kl), atol=1e-6)
+    assert feature_kd(t, t, 3.0).abs() < 1e-6
+    assert torch.isclose(feature_kd(s.view(2, 1, 2), t.view(2, 2, 1), 1.0), torch.tensor(kl), atol=1e-6)
+
+
+@needs_fmnist
+def test_fedbsd_phases_and_upload():
+    """Head first (CE, head only), then the backbone only, uploading the backbone. With a = 0 the backbone phase
+    is FedRep's to the bit; with a = 1 and the student starting at the teacher (the received backbone) every
+    gradient is zero (up to float rounding), so the uploaded backbone is the received one; at a = 0.5 it moves,
+    and differently from FedRep's."""
+    ctx = _ctx(algorithm="fedbsd")
+    server = ALGORITHMS["fedbsd"](ctx).server_init()
+    g = server["params"]
+    body = [n for n in g if n not in HEAD]
+
+    def one(name, **hp):
+        algo = ALGORITHMS[name](ctx, head_epochs=1, body_epochs=1, **hp)
+        plan = algo.plan(1, 0, server, None)
+        assert {n for n in g if plan.trainable(n)} == HEAD
+        net = ctx.model(0, plan.start)
+        stats = ctx.train_plan(net, 0, 1, plan)
+        after_head = clone_state(net.state_dict())
+        up, st = algo.finish(1, 0, server, None, after_head, stats)
+        assert set(up.payload) == set(body) and set(st["personal"]) == HEAD
+        assert _same(st["personal"], after_head, HEAD)           # the head is still in the backbone phase
+        return up.payload
+    rep, a0, a1, half = one("fedrep"), one("fedbsd", a=0.0), one("fedbsd", a=1.0), one("fedbsd")
+    assert _same(a0, rep, body)
+    def gap(a, b):
+        return max((a[n] - b[n]).abs().max().item() for n in body)
+    assert gap(a1, g) < 1e-6 < 1e-3 < gap(half, g)
+    assert gap(half, rep) > 1e-3
+
+
+@needs_fmnist
+def test_fedbsd_student_own_starts_from_the_clients_previous_backbone():
+    ctx = _ctx(algorithm="fedbsd")
+    algo = ALGORITHMS["fedbsd"](ctx, head_epochs=1, body_epochs=1, student="own")
+    server = algo.server_init()
+    up, st = algo.client_update(1, 0, server, None)
+    assert _same(st["body"], up.payload, up.payload)
+    moved = {n: t + 1.0 for n, t in server["params"].items()}        # a different global model next round
+    start = algo.plan(2, 0, {"params": moved}, st).start
+    assert _same(start, up.payload, up.payload) and _same(start, st["personal"], HEAD)
+    glob = ALGORITHMS["fedbsd"](ctx, head_epochs=1, body_epochs=1)
+    assert _same(glob.plan(2, 0, {"params": moved}, st).start, moved, list(up.payload))
 
 
 # ---------------------------------------------------------------- FedBABU
@@ -167,6 +226,7 @@ def test_fedrod_resumed_run_equals_a_straight_run():
 @needs_fmnist
 @pytest.mark.parametrize("algorithm, hparams, extra", [
     ("fedrep", {"head_epochs": 1, "body_epochs": 1}, {}),
+    ("fedbsd", {"head_epochs": 1, "body_epochs": 1}, {}),
     ("fedrod", {}, {}),
     ("fedbabu", {"ft_epochs": 1}, {"eval_every": 3}),   # fine-tuning every client is the costly part
 ])

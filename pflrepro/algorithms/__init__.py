@@ -4,6 +4,7 @@ from .dcpfl import DCPFL
 from .ditto import Ditto
 from .fd import FD
 from .fedbabu import FedBABU
+from .fedbsd import FedBSD
 from .fedfomo import FedFomo
 from .fedgh import FedGH
 from .fedkd import FedKD
@@ -22,6 +23,6 @@ from .simple import FedAvgFT, FedProx, Local
 
 ALGORITHMS = {cls.name: cls for cls in (Algorithm, Local, FedProx, FedAvgFT, FedPer, LGFedAvg, PFedSD,
                                            FedAvgLastLocal, PFedMe, FedFomo, DCPFL, FedGH, FedProto, FML, FedKD, FD,
-                                           Ditto, FedAvgM, FedDyn, Scaffold, SCD, FedRep, FedRoD, FedBABU)}
+                                           Ditto, FedAvgM, FedDyn, Scaffold, SCD, FedRep, FedRoD, FedBABU, FedBSD)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Update"]
