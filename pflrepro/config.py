@@ -96,6 +96,8 @@ RUN_SCHEMA: dict[str, Param] = {
     "momentum": Param(float, 0.0, "SGD momentum", low=0.0, high=1.0),
     "weight_decay": Param(float, 0.0, "SGD weight decay", low=0.0),
     "grad_clip": Param(float, 0.0, "max gradient norm (0 = off)", low=0.0),
+    "eval_gm_local": Param(bool, False, "also score the global model on every client's local test set (metric "
+                           "gm_local_acc_mean: PerFed-CKT's 'Ditto (GM)', 'Per-FedAvg (GM)')"),
     "eval_every": Param(int, 1, "evaluate every N rounds (the last round is always evaluated)", low=1),
     "checkpoint_every": Param(int, 5, "checkpoint every N rounds", low=1),
     "seed": Param(int, 0, "seed for partition, init, sampling and data order", low=0),
@@ -104,6 +106,8 @@ RUN_SCHEMA: dict[str, Param] = {
                     "algorithms whose client step is a Plan), 'per_client' one after another (the reference), "
                     "'auto' batched wherever it applies (on a CPU, models with grouped convolutions train per client: "
                     "faster there)", choices=("auto", "batched", "per_client")),
+    "public": Param(dict, {}, "unlabeled public set for distillation methods (PerFed-CKT, FedDF): dataset, split, "
+                    "size (see pflrepro.schemas.PUBLIC_SCHEMA)"),
     "clock": Param(dict, {}, "simulated clock: protocol, client compute rate and bandwidths (see pflrepro.clock)"),
     "schedule": Param(dict, {}, "server schedule: synchronous rounds, or FedAsync / FedBuff (see pflrepro.schedule)"),
     "memory_budget_mb": Param(float, 4096.0, "batched engine: memory for one chunk of clients trained together "
@@ -138,11 +142,13 @@ class RunConfig:
     weight_decay: float = 0.0
     grad_clip: float = 0.0
     eval_every: int = 1
+    eval_gm_local: bool = False
     checkpoint_every: int = 5
     seed: int = 0
     device: str = "cpu"
     engine: str = "auto"
     memory_budget_mb: float = 4096.0
+    public: dict = field(default_factory=dict)
     clock: dict = field(default_factory=dict)
     schedule: dict = field(default_factory=dict)
 
@@ -162,6 +168,7 @@ class RunConfig:
         top["partition_params"] = check_params("partition_params", top["partition_params"],
                                                schemas.PARTITION_SCHEMAS[top["partition"]])
         top["split_params"] = check_params("split_params", top["split_params"], schemas.SPLIT_SCHEMAS[top["split"]])
+        top["public"] = _check_public(top, data.SPECS, algorithms.ALGORITHMS[top["algorithm"]])
         top["clock"] = check_params("clock", top["clock"], clock.CLOCK_SCHEMA)
         top["schedule"] = check_params("schedule", top["schedule"], schedule.SCHEDULE_SCHEMA)
         fr = top["split_params"].get("fractions")
@@ -218,6 +225,23 @@ def _jsonable(o):
     if isinstance(o, tuple):
         return list(o)
     raise TypeError(type(o))
+
+
+def _check_public(top: dict, specs: dict, algo_cls) -> dict:
+    """The public set's settings: a known dataset whose images have the run's shape; required (size > 0)
+    by algorithms that declare `needs_public`."""
+    from . import schemas
+    pub = check_params("public", top["public"], schemas.PUBLIC_SCHEMA)
+    if pub["dataset"]:
+        _choice("public.dataset", pub["dataset"], specs)
+        a, b = specs[pub["dataset"]], specs[top["dataset"]]
+        if (a.channels, a.size) != (b.channels, b.size):
+            raise ConfigError(f"public.dataset={pub['dataset']!r}: images {a.channels}x{a.size}x{a.size}, but the run's "
+                              f"dataset {top['dataset']!r} has {b.channels}x{b.size}x{b.size}; the clients' models read both")
+    if getattr(algo_cls, "needs_public", False) and pub["size"] == 0:
+        raise ConfigError(f"public.size=0: algorithm={top['algorithm']!r} distils on an unlabeled public set; "
+                          "set public.size (and public.dataset / public.split), e.g. public={'size': 2000}")
+    return pub
 
 
 def _choice(key, value, registry):

@@ -251,6 +251,7 @@ class FedData:
     source: str
     x_local_test: torch.Tensor | None = None   # the set local tests index when `local_test_from_global` and the
     y_local_test: torch.Tensor | None = None   # GM's `x_test` is a subsample of it (None: `x_test` itself)
+    x_public: torch.Tensor | None = None       # unlabeled public set (`cfg.public`: PerFed-CKT, FedDF), normalised
 
     @property
     def n_clients(self) -> int:

@@ -353,6 +353,12 @@ def evaluate(ctx: Context, algo, server: dict, clients: dict) -> tuple[dict, lis
             accs[k] = accuracy(gm, *data.client_test(k))
     a = np.array(accs, dtype=np.float64)
     w = data.n_train().numpy()
+    extra = {}
+    if ctx.cfg.eval_gm_local:    # the global model on every client's local test (PerFed-CKT's "Ditto (GM)")
+        gm = algo.global_model(server)
+        g = [accuracy(gm, *data.client_test(k)) if gm is not None else float("nan")
+             for k in range(data.n_clients - ctx.cfg.new_clients)]
+        extra["gm_local_acc_mean"] = float(np.nanmean(g)) if gm is not None else float("nan")
     ok = ~np.isnan(a)
     row = {
         "gm_acc": gm_acc,
@@ -360,6 +366,7 @@ def evaluate(ctx: Context, algo, server: dict, clients: dict) -> tuple[dict, lis
         "pm_acc_weighted": float((a[ok] * w[ok]).sum() / w[ok].sum()) if ok.any() else float("nan"),
         "pm_acc_std": float(a[ok].std()) if ok.any() else float("nan"),
         "pm_acc_min": float(a[ok].min()) if ok.any() else float("nan"),
+        **extra,
     }
     return row, accs
 

@@ -23,6 +23,9 @@ Registered models (``MODELS`` keys) and where their definitions come from:
     pFedSD ``CNNCifar100``: conv 5x5 ->64, ReLU, pool; conv 64->128, ReLU, pool;
     fc ->256, ReLU; fc 256->128, ReLU, Dropout(0.6); fc 128->classes.  (The dropout
     sits on the 128-d feature, i.e. at the end of the body.)
+``cnn_ckt``
+    PerFed-CKT's CNN (appendix E): "2 convolutional layers with max pooling and 4 hidden fully
+    connected linear layers of units [120, 100, 84, 50]"; conv channels unstated: LeNet's 6/16 5x5.
 ``cnn_fedrep``
     FedRep ``CNNCifar`` (Nets.py of the FedRep code base): conv 5x5 ->64, ReLU,
     pool; conv 64->64, ReLU, pool; fc ->120 ->64 ->classes.  Some copies of that
@@ -220,6 +223,10 @@ def _lenet_conv(in_channels: int, c1: int, c2: int) -> list[tuple[str, nn.Module
 
 def cnn_cifar10(in_channels: int, num_classes: int, image_size: int) -> SplitModel:
     return ConvFCNet(_lenet_conv(in_channels, 6, 16), [120, 84], in_channels, num_classes, image_size)
+
+
+def cnn_ckt(in_channels: int, num_classes: int, image_size: int) -> SplitModel:
+    return ConvFCNet(_lenet_conv(in_channels, 6, 16), [120, 100, 84, 50], in_channels, num_classes, image_size)
 
 
 def cnn_cifar100(
@@ -493,6 +500,7 @@ MODELS: dict[str, Callable[..., SplitModel]] = {
     "cnn_fmnist": cnn_fmnist,
     "cnn_cifar10": cnn_cifar10,
     "cnn_cifar100": cnn_cifar100,
+    "cnn_ckt": cnn_ckt,
     "cnn_fedrep": cnn_fedrep,
     "cnn1": cnn1,
     "cnn2": cnn2,

@@ -74,6 +74,17 @@ def compare(runs: pd.DataFrame, paper: pd.DataFrame | None, on=("method", "setti
     return out
 
 
+def communication(results: dict) -> pd.DataFrame:
+    """Parameters communicated over each whole run, uplink plus downlink (float32: bytes / 4), from the byte
+    counters every run carries: one row per (method, setting, seed)."""
+    rows = []
+    for (method, setting, seed), r in results.items():
+        last = r.history[-1] if r.history else {"bytes_up": 0, "bytes_down": 0}
+        rows.append({"method": method, "setting": paper_setting(setting, r.config.dataset), "seed": seed,
+                     "params": (last["bytes_up"] + last["bytes_down"]) / 4, "rounds": r.config.rounds})
+    return pd.DataFrame(rows, columns=["method", "setting", "seed", "params", "rounds"])
+
+
 def sweep_value(setting: str) -> float:
     """The number in a sweep setting's name: 'classes=4' -> 4.0, 'r=20%' -> 20.0."""
     import re

@@ -37,6 +37,7 @@ from .partition import PARTITIONERS, SPLITS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("gm_acc", "pm_acc_mean", "pm_acc_weighted", "pm_acc_std", "pm_acc_min")
+OPTIONAL_METRICS = ("gm_local_acc_mean",)     # present when the config asks for them (`eval_gm_local`)
 
 
 def results_root() -> Path:
@@ -108,7 +109,7 @@ def build_data(cfg: RunConfig, device: torch.device, split: dict | None = None) 
         # a subsampled run scores its GM on the same stratified fraction of the official test set (the whole
         # 10,000-image set cost more than the training of a mini run: DC-PFL, CNN_1); SCD's local tests
         # (`global_test_by_proportion`) still draw from the whole set
-        keep = torch.as_tensor(_stratified_subsample(y_test.numpy(), cfg.subsample, derive_seed(cfg.seed, 0x5B6)))
+        keep = torch.as_tensor(_gm_test_keep(cfg, raw))
         if cfg.split == "global_test_by_proportion":
             local = (normalise(x_test, raw.spec, device), y_test.to(device))
         x_test, y_test = x_test[keep], y_test[keep]
@@ -117,11 +118,61 @@ def build_data(cfg: RunConfig, device: torch.device, split: dict | None = None) 
         # set" for GM accuracy is then the union of the clients' local test sets
         union = torch.as_tensor(np.concatenate(split["test"]), dtype=torch.long)
         x_test, y_test = x_pool[union], y_pool[union]
+    public = None
+    if cfg.public.get("size", 0) > 0:
+        praw = _raw(cfg.public["dataset"] or cfg.dataset)
+        px = praw.x_train if cfg.public["split"] == "train" else praw.x_test
+        public = normalise(px[torch.as_tensor(public_indices(cfg, split))], raw.spec, device)
     return FedData(raw.spec, normalise(x_pool, raw.spec, device), y_pool.to(device),
                    normalise(x_test, raw.spec, device), y_test.to(device),
                    t(split["train"]), t(split["test"]), t(split["val"]),
                    local_test_from_global=(cfg.split == "global_test_by_proportion"), source=raw.source,
-                   x_local_test=local[0] if local else None, y_local_test=local[1] if local else None)
+                   x_local_test=local[0] if local else None, y_local_test=local[1] if local else None,
+                   x_public=public)
+
+
+def _gm_test_keep(cfg: RunConfig, raw) -> np.ndarray:
+    """The official test set's indices a subsampled `pool='train'` run scores its GM on."""
+    return _stratified_subsample(raw.y_test.numpy(), cfg.subsample, derive_seed(cfg.seed, 0x5B6))
+
+
+def _used_indices(cfg: RunConfig, split: dict, half: str) -> np.ndarray:
+    """Indices of the run's own dataset, in its `half` ('train' or 'test'), that any client split or the
+    GM's test set uses."""
+    raw = _raw(cfg.dataset)
+    n_tr = len(raw.y_train)
+    parts = [np.asarray(a, dtype=np.int64) for name in ("train", "val", "test") for a in split[name]]
+    if cfg.split == "global_test_by_proportion":   # local tests index the official test set
+        tests = np.concatenate([np.asarray(a, np.int64) for a in split["test"]] + [np.empty(0, np.int64)])
+        parts = [np.asarray(a, dtype=np.int64) for name in ("train", "val") for a in split[name]]
+    pool = np.concatenate(parts + [np.empty(0, np.int64)])
+    if cfg.pool == "train+test":       # pooled index space: [train; test]
+        return pool[pool < n_tr] if half == "train" else pool[pool >= n_tr] - n_tr
+    if half == "train":
+        return pool
+    used = [_gm_test_keep(cfg, raw) if cfg.subsample < 1.0 else np.arange(len(raw.y_test))]
+    if cfg.split == "global_test_by_proportion":
+        used.append(tests)
+    return np.concatenate(used)
+
+
+def public_indices(cfg: RunConfig, split: dict | None = None) -> np.ndarray:
+    """The unlabeled public set (`cfg.public`): `size` indices of `public.dataset`'s `public.split`, drawn
+    uniformly without replacement from the samples the run does not use (from the run's own dataset:
+    none of its clients' train/val/test samples and none of its GM test set), from the run's seed."""
+    pub = cfg.public
+    name = pub["dataset"] or cfg.dataset
+    n = len(_raw(name).y_train if pub["split"] == "train" else _raw(name).y_test)
+    free = np.arange(n)
+    if name == cfg.dataset:
+        split = build_partition(cfg) if split is None else split
+        free = np.setdiff1d(free, _used_indices(cfg, split, pub["split"]))
+    if len(free) < pub["size"]:
+        raise ValueError(f"public.size={pub['size']}: only {len(free)} samples of {name}/{pub['split']} are left "
+                         f"after the run's clients and test sets take theirs; lower public.size or subsample, or "
+                         f"draw from another split or dataset (public.split / public.dataset)")
+    rng = np.random.default_rng(derive_seed(cfg.seed, 0x9B1))
+    return np.sort(rng.choice(free, size=pub["size"], replace=False))
 
 
 def build_context(cfg: RunConfig, device: torch.device, split: dict | None = None) -> Context:
@@ -202,7 +253,7 @@ def run_dir(cfg: RunConfig, root: Path | str | None = None) -> Path:
 def summarise(history: list, last: int = 10) -> dict:
     """Per metric: best value and its round, and the mean of the last `last` evaluations."""
     out = {}
-    for m in METRICS:
+    for m in METRICS + tuple(m for m in OPTIONAL_METRICS if history and m in history[0]):
         v = np.array([r[m] for r in history], dtype=np.float64)
         if len(v) == 0 or np.all(np.isnan(v)):
             out[m] = {"best": float("nan"), "best_round": None, "last_mean": float("nan"), "final": float("nan")}

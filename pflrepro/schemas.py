@@ -40,3 +40,10 @@ SPLIT_SCHEMAS: dict[str, dict[str, Param]] = {
     "global_test_by_proportion": {"scale": Param(float, None, "local test size = scale x train size "
                                                  "(default |test|/|train|)", low=0.0, low_open=True)},
 }
+
+PUBLIC_SCHEMA: dict[str, Param] = {
+    "dataset": Param(str, "", "dataset the unlabeled public set is drawn from ('' = the run's own dataset)"),
+    "split": Param(str, "train", "which half of it: 'train' or 'test'", choices=("train", "test")),
+    "size": Param(int, 0, "number of public samples |P| (0 = no public set); drawn uniformly without replacement, "
+                  "never from samples the run's clients or test sets use", low=0),
+}

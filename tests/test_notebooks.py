@@ -28,7 +28,7 @@ def _code_cells(name: str) -> list[str]:
 
 
 def test_every_paper_notebook_is_listed():
-    assert {n.split("_")[0] for n in NOTEBOOKS} == {"pfedsd", "dcpfl", "scd", "fedbsd"}
+    assert {n.split("_")[0] for n in NOTEBOOKS} == {"pfedsd", "dcpfl", "scd", "fedbsd", "perfed"}
     assert len(NOTEBOOKS) >= 20, NOTEBOOKS
 
 

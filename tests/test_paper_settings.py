@@ -144,3 +144,32 @@ def test_dcpfl_paper_profile_settings(name):
     if name == "dcpfl_fig3":  # "|K| = 100 ... {0.1, 0.3, 0.5, 0.7, 0.9, 1}"
         assert {(c.n_clients, c.participation) for c in configs.values()} == \
             {(100, r) for r in (0.1, 0.3, 0.5, 0.7, 0.9, 1.0)}
+
+
+# PerFed-CKT appendix E and Sec. 5: K = 100, C = 0.10 / 0.15, 500 rounds, 3 seeds, m clients drawn by data share,
+# split {0.1, 0.3, 0.4} / 0.1 / 0.5, "we do not apply any momentum acceleration or weight decay", eta = 0.001,
+# b = 64, tau = 50, b' = 128, lambda = 2, 2,000 unlabeled CIFAR-100 images; VGG11 (Table 1) and VGG13 / VGG11 / CNN
+# (Table 2); alpha = 0.01.
+CKT_COMMON = dict(dataset="cifar10", n_clients=100, rounds=500, sampling="data_share", split="perfed_ckt",
+                  momentum=0.0, weight_decay=0.0, lr=0.001, batch_size=64, subsample=1.0)
+CKT_HP = dict(tau=50, public_batch=128, lam=2.0, output="softmax")
+
+
+@pytest.mark.parametrize("name, models", [("perfed_ckt_table1", ()), ("perfed_ckt_table2", ("vgg13", "vgg11", "cnn_ckt"))])
+def test_perfed_ckt_paper_profile_settings(name, models):
+    configs = _paper(name)
+    assert sorted({seed for (_, _, seed) in configs}) == [0, 1, 2]
+    assert {(s, c.participation) for (_, s, _), c in configs.items()} == {("C=0.10", 0.10), ("C=0.15", 0.15)}
+    clusters = set()
+    for key, cfg in configs.items():
+        for field, want in CKT_COMMON.items():
+            assert getattr(cfg, field) == pytest.approx(want) if isinstance(want, float) else getattr(cfg, field) == want, (key, field)
+        assert cfg.model == "vgg11" and cfg.models == models, key
+        assert cfg.partition_params["alpha"] == 0.01, key
+        assert list(cfg.split_params["train_choices"]) == [0.1, 0.3, 0.4] and cfg.split_params["val_fraction"] == 0.1 \
+            and cfg.split_params["test_fraction"] == 0.5, key
+        assert cfg.public == {"dataset": "cifar100", "split": "train", "size": 2000}, key
+        if cfg.algorithm == "perfed_ckt":
+            assert {k: cfg.hparams[k] for k in CKT_HP} == CKT_HP, key
+            clusters.add(cfg.hparams["clusters"])
+    assert clusters == {1, 2, 3, 4}

@@ -99,7 +99,8 @@ def test_paper_models_run_on_standin_shapes(cfg):
 # A round of a deep paper model costs seconds a step on 2 cores: an algorithm path whose first paper config
 # trains one is started on the smallest network of the same family (residual blocks with batch norm); the deep
 # model itself starts with the first algorithm that runs it (its own case below).
-_SMALLER = {"resnet18": "resnet8", "resnet34": "resnet8", "mobilenetv2": "resnet8"}
+_SMALLER = {"resnet18": "resnet8", "resnet34": "resnet8", "mobilenetv2": "resnet8",
+            "vgg11": "cnn_ckt", "vgg13": "cnn_ckt"}   # PerFed-CKT's VGGs: its own small CNN (conv, pool, fc)
 
 
 def _start_cases():
@@ -148,9 +149,14 @@ def test_paper_config_starts_on_standin(cfg, tmp_path, cut_test_sets):
     (1% of the pool, 0.2% under plain Dirichlet, one epoch, 2% of the test set) so that it takes seconds."""
     # epochs an algorithm counts itself (FedRep's 10 head + 5 body, SCD's E_p = 5) cut to one as well (0 keeps
     # its meaning "as local_epochs")
-    hp = {n: 1 if n.endswith("epochs") and isinstance(v, int) and v > 1 else v for n, v in cfg.hparams.items()}
+    # its own (PerFed-CKT's tau = 50 local steps, FedDF's 100 distillation steps) cut to one as well, and the public
+    # set to 100 stand-in images (PerFed-CKT's clients score all of it twice a round)
+    hp = {n: 1 if (n.endswith("epochs") or n.endswith("steps") or n == "tau") and isinstance(v, int)
+          and not isinstance(v, bool) and v > 1 else v for n, v in cfg.hparams.items()}
+    public = {**cfg.public, "dataset": f"fake-{cfg.public['dataset'] or cfg.dataset}",
+              "size": min(cfg.public["size"], 100)} if cfg.public.get("size") else cfg.public
     fake = cfg.replace(dataset=f"fake-{cfg.dataset}", rounds=1, subsample=min(cfg.subsample, 0.01), local_epochs=1,
-                       hparams=hp)
+                       hparams=hp, public=public)
     if cfg.partition == "dirichlet":
         # plain Dirichlet over 100 clients leaves clients empty on 1% of the pool: 6 clients on 0.2% of it, each
         # with data (the exact partition is built at full size by test_paper_partition_builds_on_standin), and

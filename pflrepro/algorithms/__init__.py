@@ -5,6 +5,7 @@ from .ditto import Ditto
 from .fd import FD
 from .fedbabu import FedBABU
 from .fedbsd import FedBSD
+from .feddf import FedDF
 from .fedfomo import FedFomo
 from .fedgh import FedGH
 from .fedkd import FedKD
@@ -13,7 +14,9 @@ from .fedrep import FedRep
 from .fedrod import FedRoD
 from .fml import FML
 from .forgetting import FedAvgLastLocal
+from .hypcluster import HypCluster
 from .partial import FedPer, LGFedAvg
+from .perfed_ckt import PerFedCKT
 from .pfedme import PFedMe
 from .pfedsd import PFedSD
 from .scaffold import Scaffold
@@ -23,6 +26,7 @@ from .simple import FedAvgFT, FedProx, Local
 
 ALGORITHMS = {cls.name: cls for cls in (Algorithm, Local, FedProx, FedAvgFT, FedPer, LGFedAvg, PFedSD,
                                            FedAvgLastLocal, PFedMe, FedFomo, DCPFL, FedGH, FedProto, FML, FedKD, FD,
-                                           Ditto, FedAvgM, FedDyn, Scaffold, SCD, FedRep, FedRoD, FedBABU, FedBSD)}
+                                           Ditto, FedAvgM, FedDyn, Scaffold, SCD, FedRep, FedRoD, FedBABU, FedBSD,
+                                           PerFedCKT, FedDF, HypCluster)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Update"]
