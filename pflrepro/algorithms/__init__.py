@@ -17,6 +17,7 @@ from .forgetting import FedAvgLastLocal
 from .hypcluster import HypCluster
 from .partial import FedPer, LGFedAvg
 from .perfed_ckt import PerFedCKT
+from .perfedavg import PerFedAvg
 from .pfedme import PFedMe
 from .pfedsd import PFedSD
 from .scaffold import Scaffold
@@ -27,6 +28,6 @@ from .simple import FedAvgFT, FedProx, Local
 ALGORITHMS = {cls.name: cls for cls in (Algorithm, Local, FedProx, FedAvgFT, FedPer, LGFedAvg, PFedSD,
                                            FedAvgLastLocal, PFedMe, FedFomo, DCPFL, FedGH, FedProto, FML, FedKD, FD,
                                            Ditto, FedAvgM, FedDyn, Scaffold, SCD, FedRep, FedRoD, FedBABU, FedBSD,
-                                           PerFedCKT, FedDF, HypCluster)}
+                                           PerFedCKT, FedDF, HypCluster, PerFedAvg)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Update"]
