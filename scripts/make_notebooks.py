@@ -108,7 +108,7 @@ E.table(table, "{title} (average test accuracy over all clients %, best round ±
              + (f"Paper column: {{ref['dataset']}} {{ref['setting']}} (this profile ran other data, models and "
                 "rounds: compare orderings and ratios, not numbers). " if ref else "")
              + "Our communication counts the centroids once per receiving client; the paper's CKT cells fit one "
-               "broadcast per round (docs/fidelity.md).")
+               "broadcast per round (docs/fidelity.md). " + E.P.get("extra", {{}}).get("note", ""))
 E.figure(report.plot_vs_paper(table, E.banner), "vs_paper")'''
 
 PERFED_TOY = '''import numpy as np
