@@ -86,7 +86,8 @@ E.figure(report.plot_vs_paper(table, E.banner), "vs_paper")'''
 
 PERFED_TABLE = '''runs = E.tidy()
 gm = report.tidy({{k: r for k, r in results.items() if k[0] in E.P["gm_rows"]}}, "gm_local_acc_mean")
-runs = pd.concat([runs, gm.assign(method=gm.method.map(E.P["gm_rows"]))], ignore_index=True)  # "(GM)" rows
+if len(gm):   # "(GM)" rows: the same runs scored by their global model on the clients' test sets
+    runs = pd.concat([runs, gm.assign(method=gm.method.map(E.P["gm_rows"]))], ignore_index=True)
 paper = E.paper()
 ref = None if set(runs.dataset) <= set(paper.dataset) else E.P["paper_column"]
 if ref is None:
