@@ -359,7 +359,8 @@ def _assert_same_states(got, want, atol=1e-4):
 PLANNED = sorted(n for n, cls in ALGORITHMS.items() if uses_plans(cls.__new__(cls)))
 
 # extra settings per algorithm (kept cheap), and extra variants of the plan-based ones
-_HP = {"fedavg_ft": {"ft_epochs": 1}}
+_HP = {"fedavg_ft": {"ft_epochs": 1}, "feddf": {"distill_steps": 3}}
+_EXTRA = {"feddf": {"public": {"size": 40}}}     # algorithms that distil on an unlabeled public set
 _VARIANTS = [
     ("pfedsd", {"teacher": "stored"}, {}),
     ("pfedsd", {"teacher": "recompute", "teacher_mode": "eval"}, {}),
@@ -379,7 +380,7 @@ def _id(n, hp, kw):
     return "-".join([n] + [f"{k}={'+'.join(v) if isinstance(v, list) else v}" for k, v in {**hp, **kw}.items()])
 
 
-ROUND_CASES = ([pytest.param(n, _HP.get(n, {}), {}, [4, 4], id=n) for n in PLANNED]
+ROUND_CASES = ([pytest.param(n, _HP.get(n, {}), _EXTRA.get(n, {}), [4, 4], id=n) for n in PLANNED]
                + [pytest.param(n, hp, kw, [4, 4], id=_id(n, hp, kw)) for n, hp, kw in _VARIANTS]
                + [pytest.param(n, hp, kw, [2, 2, 2, 2], id=_id(n, hp, kw)) for n, hp, kw in _HETERO])
 
