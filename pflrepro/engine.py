@@ -198,6 +198,14 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
 
 
 @torch.no_grad()
+def outputs(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
+    """The model's raw outputs (logits) for every row of x, in eval mode, batched; the module's modes restored
+    after (soft decisions on a public set, server-side distillation targets, losses of candidate models)."""
+    with train_mode(net, False):
+        return torch.cat([net(x[i:i + batch]) for i in range(0, len(x), batch)])
+
+
+@torch.no_grad()
 def predict(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
     net.eval()
     return torch.cat([net(x[i:i + batch]).argmax(1) for i in range(0, len(x), batch)]) if len(x) else \
@@ -280,11 +288,16 @@ class Context:
         if a == self.cfg.model:
             return self.init_state
         if a not in self._inits:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(derive_seed(self.cfg.seed, 0x1A17, zlib.crc32(a.encode())))
-                net = self.make_model(k)
-            self._inits[a] = {n: t.detach().to(self.device).clone() for n, t in net.state_dict().items()}
+            self._inits[a] = self.fresh_state(k, derive_seed(self.cfg.seed, 0x1A17, zlib.crc32(a.encode())))
         return self._inits[a]
+
+    def fresh_state(self, k: int, seed: int) -> dict:
+        """Freshly initialised weights of client k's architecture (k = -1: the server's), drawn from `seed`
+        with the global RNG left untouched (HypCluster's extra cluster models use it too)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            net = self.make_model(k)
+        return {n: t.detach().to(self.device).clone() for n, t in net.state_dict().items()}
 
     def model(self, k: int, state: dict | None = None) -> nn.Module:
         """A module of client k's architecture loaded with `state` (reused across calls:
@@ -356,9 +369,8 @@ def evaluate(ctx: Context, algo, server: dict, clients: dict) -> tuple[dict, lis
     extra = {}
     if ctx.cfg.eval_gm_local:    # the global model on every client's local test (PerFed-CKT's "Ditto (GM)")
         gm = algo.global_model(server)
-        g = [accuracy(gm, *data.client_test(k)) if gm is not None else float("nan")
-             for k in range(data.n_clients - ctx.cfg.new_clients)]
-        extra["gm_local_acc_mean"] = float(np.nanmean(g)) if gm is not None else float("nan")
+        extra["gm_local_acc_mean"] = float("nan") if gm is None else float(np.nanmean(
+            [accuracy(gm, *data.client_test(k)) for k in range(data.n_clients - ctx.cfg.new_clients)]))
     ok = ~np.isnan(a)
     row = {
         "gm_acc": gm_acc,

@@ -74,6 +74,17 @@ def compare(runs: pd.DataFrame, paper: pd.DataFrame | None, on=("method", "setti
     return out
 
 
+def compare_to_paper(runs: pd.DataFrame, paper: pd.DataFrame, paper_column: dict | None, value: str = "best"):
+    """`compare_table` when the runs are on the paper's datasets; otherwise (a mini profile on Fashion-MNIST)
+    `compare` against the one paper column `paper_column` ({dataset, setting}) names. Returns the table, the
+    paper rows it was compared with, and that column (None when the datasets match)."""
+    if set(runs.dataset) <= set(paper.dataset):
+        return compare_table(runs, paper, value=value), paper, None
+    col = paper[(paper.dataset == paper_column["dataset"]) & (paper.setting == paper_column["setting"])]
+    keep = [c for c in ("method", "value", "std") if c in col.columns]
+    return compare(runs, col[keep], on=("dataset", "setting", "method"), value=value), col, paper_column
+
+
 def communication(results: dict) -> pd.DataFrame:
     """Parameters communicated over each whole run, uplink plus downlink (float32: bytes / 4), from the byte
     counters every run carries: one row per (method, setting, seed)."""

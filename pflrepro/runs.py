@@ -141,19 +141,16 @@ def _used_indices(cfg: RunConfig, split: dict, half: str) -> np.ndarray:
     GM's test set uses."""
     raw = _raw(cfg.dataset)
     n_tr = len(raw.y_train)
-    parts = [np.asarray(a, dtype=np.int64) for name in ("train", "val", "test") for a in split[name]]
-    if cfg.split == "global_test_by_proportion":   # local tests index the official test set
-        tests = np.concatenate([np.asarray(a, np.int64) for a in split["test"]] + [np.empty(0, np.int64)])
-        parts = [np.asarray(a, dtype=np.int64) for name in ("train", "val") for a in split[name]]
-    pool = np.concatenate(parts + [np.empty(0, np.int64)])
+    cat = lambda names: np.concatenate([np.asarray(a, np.int64) for n in names for a in split[n]]  # noqa: E731
+                                       + [np.empty(0, np.int64)])
+    tests_global = cfg.split == "global_test_by_proportion"   # local tests index the official test set
+    pool = cat(("train", "val") if tests_global else ("train", "val", "test"))
     if cfg.pool == "train+test":       # pooled index space: [train; test]
         return pool[pool < n_tr] if half == "train" else pool[pool >= n_tr] - n_tr
     if half == "train":
         return pool
-    used = [_gm_test_keep(cfg, raw) if cfg.subsample < 1.0 else np.arange(len(raw.y_test))]
-    if cfg.split == "global_test_by_proportion":
-        used.append(tests)
-    return np.concatenate(used)
+    gm_test = _gm_test_keep(cfg, raw) if cfg.subsample < 1.0 else np.arange(len(raw.y_test))
+    return np.concatenate([gm_test, cat(("test",))]) if tests_global else gm_test
 
 
 def public_indices(cfg: RunConfig, split: dict | None = None) -> np.ndarray:

@@ -70,13 +70,8 @@ E.figure(report.plot_curves(curves, E.metric, title=E.banner, ylabel="PM accurac
 FINISH = "E.finish()"
 NO_RUN = {"pfedsd_fig5", "pfedsd_table10", "pfedsd_table11", "perfed_ckt_fig1"}  # no accuracy runs: partition / cost measurements
 
-FEDBSD_TABLE = '''runs, paper = E.tidy(), E.paper()
-ref = None if set(runs.dataset) <= set(paper.dataset) else E.P["paper_column"]
-if ref is None:
-    table = report.compare_table(runs, paper, value="last10")
-else:   # a profile on other data (mini: Fashion-MNIST) sits beside the one paper column its params file names
-    col = paper[(paper.dataset == ref["dataset"]) & (paper.setting == ref["setting"])][["method", "value"]]
-    table = report.compare(runs, col, on=("dataset", "setting", "method"), value="last10")
+FEDBSD_TABLE = '''paper = E.paper()   # a profile on other data (mini: Fashion-MNIST) sits beside the paper column its params name
+table, _, ref = report.compare_to_paper(E.tidy(), paper, E.P["paper_column"], value="last10")
 missing = sorted(set(paper.method) - set(table.method))
 E.table(table, "Table 1 (personalized accuracy %, mean of the last 10 evaluations as the paper; best round beside)",
         note="FedBSD's own row is lost in our copy of the paper: its paper cell is empty, not zero. "
@@ -88,18 +83,12 @@ PERFED_TABLE = '''runs = E.tidy()
 gm = report.tidy({{k: r for k, r in results.items() if k[0] in E.P["gm_rows"]}}, "gm_local_acc_mean")
 if len(gm):   # "(GM)" rows: the same runs scored by their global model on the clients' test sets
     runs = pd.concat([runs, gm.assign(method=gm.method.map(E.P["gm_rows"]))], ignore_index=True)
-paper = E.paper()
-ref = None if set(runs.dataset) <= set(paper.dataset) else E.P["paper_column"]
-if ref is None:
-    table = report.compare_table(runs, paper, value="best")
-else:   # a profile on other data (mini: Fashion-MNIST) sits beside the one paper column its params file names
-    col = paper[(paper.dataset == ref["dataset"]) & (paper.setting == ref["setting"])][["method", "value", "std"]]
-    table = report.compare(runs, col, on=("dataset", "setting", "method"), value="best")
+paper = E.paper()   # a profile on other data (mini: Fashion-MNIST) sits beside the paper column its params name
+table, pc, ref = report.compare_to_paper(runs, paper, E.P["paper_column"], value="best")
 comm = report.communication(results)       # parameters sent up and down over the whole run, per run
 comm = pd.concat([comm, comm[comm.method.isin(list(E.P["gm_rows"]))].assign(method=lambda d: d.method.map(E.P["gm_rows"]))])
 comm = comm.groupby(["setting", "method"], as_index=False)["params"].mean()
 table = table.merge(comm.assign(comm_M=comm.params / 1e6)[["setting", "method", "comm_M"]], on=["setting", "method"], how="left")
-pc = paper if ref is None else paper[(paper.dataset == ref["dataset"]) & (paper.setting == ref["setting"])]
 keys = ["method"] if ref else ["setting", "method"]
 table = table.merge(pc[keys].assign(paper_comm_M=pc["comm_e7"] * 10), on=keys, how="left")
 missing = sorted(set(pc.method) - set(table.method))

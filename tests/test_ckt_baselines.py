@@ -9,7 +9,8 @@ from torch import nn
 
 from pflrepro import algorithms
 from pflrepro.algorithms.base import Algorithm, Update
-from pflrepro.algorithms.feddf import FedDF, distill, distill_loss, ensemble_target, logits_on
+from pflrepro.algorithms.feddf import FedDF, distill, distill_loss, ensemble_target
+from pflrepro.engine import outputs as logits_on
 from pflrepro.algorithms.hypcluster import HypCluster, mean_losses, pick_cluster
 from pflrepro.config import ConfigError, RunConfig
 from pflrepro.engine import state_bytes

@@ -31,18 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from ..config import Param
-from ..engine import clone_state, derive_seed
+from ..engine import clone_state, derive_seed, outputs
 from .base import Algorithm
-
-
-@torch.no_grad()
-def logits_on(net, x: torch.Tensor, batch: int = 1024) -> torch.Tensor:
-    """f(w, x) for every row of x, in eval mode."""
-    was = net.training
-    net.eval()
-    z = torch.cat([net(x[i:i + batch]) for i in range(0, len(x), batch)])
-    net.train(was)
-    return z
 
 
 def ensemble_target(teacher_logits: list, temperature: float = 1.0, ensemble: str = "avg_logits") -> torch.Tensor:
@@ -111,7 +101,7 @@ class FedDF(Algorithm):
         """The student, started at `start`, distilled from the ensemble of `teachers` (states) on the public set."""
         hp, P = self.hp, self.ctx.data.x_public
         net = self.ctx.model(-1)
-        target = ensemble_target([logits_on(self.ctx.model(-1, t), P) for t in teachers], hp["temperature"],
+        target = ensemble_target([outputs(self.ctx.model(-1, t), P) for t in teachers], hp["temperature"],
                                  hp["ensemble"])
         net.load_state_dict(start)
         gen = torch.Generator().manual_seed(derive_seed(self.ctx.cfg.seed, rnd, 0xDF))

@@ -35,22 +35,16 @@ import torch
 import torch.nn.functional as F
 
 from ..config import Param
-from ..engine import clone_state, derive_seed, state_bytes, weighted_average
+from ..engine import clone_state, derive_seed, outputs, state_bytes, weighted_average
 from .base import Algorithm, Update
 
 
-@torch.no_grad()
-def mean_losses(net, states: list, x: torch.Tensor, y: torch.Tensor, batch: int = 2048) -> torch.Tensor:
+def mean_losses(net, states: list, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Mean CE of `net` loaded with each of `states` on (x, y), in eval mode: a (len(states),) tensor."""
-    was = net.training
-    net.eval()
     out = []
     for st in states:
         net.load_state_dict(st)
-        total = sum(F.cross_entropy(net(x[i:i + batch]), y[i:i + batch], reduction="sum").item()
-                    for i in range(0, len(y), batch))
-        out.append(total / max(len(y), 1))
-    net.train(was)
+        out.append(F.cross_entropy(outputs(net, x), y, reduction="sum").item() / max(len(y), 1))
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -74,10 +68,7 @@ class HypCluster(Algorithm):
     def server_init(self):
         models = {"0": clone_state(self.ctx.init_state)}
         for i in range(1, self.hp["clusters"]):          # independent inits (TFF code: one model_fn() per cluster)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(derive_seed(self.ctx.cfg.seed, 0x4C, i))
-                net = self.ctx.make_model(-1)
-            models[str(i)] = {n: t.detach().to(self.ctx.device).clone() for n, t in net.state_dict().items()}
+            models[str(i)] = self.ctx.fresh_state(-1, derive_seed(self.ctx.cfg.seed, 0x4C, i))
         return {"models": models}
 
     def _states(self, server: dict) -> list:

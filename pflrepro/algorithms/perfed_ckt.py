@@ -22,17 +22,13 @@ import torch
 import torch.nn.functional as F
 
 from ..config import Param
-from ..engine import clone_state, derive_seed, sample_clients, state_bytes
+from ..engine import clone_state, derive_seed, outputs, sample_clients, state_bytes
 from .base import Algorithm, Update
 
 
-@torch.no_grad()
-def soft_decisions(net, x: torch.Tensor, output: str = "softmax", batch: int = 1024) -> torch.Tensor:
+def soft_decisions(net, x: torch.Tensor, output: str = "softmax") -> torch.Tensor:
     """s(w, x) for every x in the public set, stacked into rows (|P|, N), in eval mode."""
-    was = net.training
-    net.eval()
-    z = torch.cat([net(x[i:i + batch]) for i in range(0, len(x), batch)])
-    net.train(was)
+    z = outputs(net, x)
     return F.softmax(z, 1) if output == "softmax" else z
 
 
@@ -111,10 +107,10 @@ class PerFedCKT(Algorithm):
         stats = self.ctx.train(net, k, rnd, loss=codistillation_loss(hp["lam"], P, target, hp["public_batch"], gen,
                                                                      hp["output"]), steps=hp["tau"] or None)
         s = soft_decisions(net, P, hp["output"])                                                 # line 15
-        return Update(weight=float(len(self.ctx.data.train[k])), payload={"soft": s}, loss=stats.loss,
-                      samples=stats.samples + stats.steps * min(hp["public_batch"], len(P)) + 2 * len(P),
-                      bytes_up=state_bytes({"s": s}), bytes_down=state_bytes(server)), \
-            {"params": clone_state(net.state_dict())}
+        up = Update(weight=float(len(self.ctx.data.train[k])), payload={"soft": s}, loss=stats.loss,
+                    samples=stats.samples + stats.steps * min(hp["public_batch"], len(P)) + 2 * len(P),
+                    bytes_up=state_bytes({"s": s}), bytes_down=state_bytes(server))
+        return up, {"params": clone_state(net.state_dict())}
 
     def aggregate(self, rnd, server, updates, clients):
         return self._cluster([u.payload["soft"] for u in updates], rnd) if updates else server
