@@ -313,12 +313,14 @@ class Context:
     def train(self, net: nn.Module, k: int, rnd: int, *, loss: LossFn = ce_loss,
               trainable: Callable[[str], bool] | None = None, epochs: int | None = None,
               lr: float | None = None, steps: int | None = None, data=None, purpose: int = 0,
-              aux: dict | None = None, per_sample: dict | None = None) -> TrainStats:
-        """Train `net` on client k's training data with the run's optimiser settings."""
+              aux: dict | None = None, per_sample: dict | None = None, batch_size: int | None = None) -> TrainStats:
+        """Train `net` on client k's training data with the run's optimiser settings (`batch_size`: samples a
+        step reads, default the run's; Per-FedAvg's step reads two or three batches)."""
         c = self.cfg
         x, y = self.data.client_train(k) if data is None else data
         return local_train(net, x, y, epochs=c.local_epochs if epochs is None else epochs,
-                           batch_size=c.batch_size, lr=c.lr if lr is None else lr, momentum=c.momentum,
+                           batch_size=c.batch_size if batch_size is None else batch_size,
+                           lr=c.lr if lr is None else lr, momentum=c.momentum,
                            weight_decay=c.weight_decay, grad_clip=c.grad_clip, loss=loss,
                            trainable=trainable, seed=derive_seed(c.seed, rnd, k, purpose), steps=steps,
                            aux=aux, per_sample=per_sample)

@@ -150,13 +150,9 @@ class PerFedAvg(Algorithm):
 
     # ---- client side
     def client_update(self, rnd, k, server, cstate):
-        c = self.ctx.cfg
         net = self.ctx.model(k, server["params"])
-        x, y = self.ctx.data.client_train(k)
-        stats = local_train(net, x, y, epochs=c.local_epochs, batch_size=self.parts * c.batch_size,
-                            lr=self.hp["beta"], momentum=c.momentum, weight_decay=c.weight_decay,
-                            grad_clip=c.grad_clip, loss=self.meta_loss, seed=derive_seed(c.seed, rnd, k, 0),
-                            steps=self.hp["steps"] or None)
+        stats = self.ctx.train(net, k, rnd, loss=self.meta_loss, lr=self.hp["beta"], steps=self.hp["steps"] or None,
+                               batch_size=self.parts * self.ctx.cfg.batch_size)
         return self.upload(k, net, stats, server), None
 
     # ---- evaluation
