@@ -7,6 +7,7 @@
     python -m pflrepro partition partition=dirichlet partition_params.alpha=0.1 --out fig.png
     python -m pflrepro claims [--results DIR] [--paper pfedsd] [--on-paper-numbers] [--format markdown]
     python -m pflrepro report [--results DIR] [--figures DIR] [--out DIR]
+    python -m pflrepro train pfedsd_table2 pfedsd_table3 --out results/train/pfedsd.json [--jobs 2]
 """
 from __future__ import annotations
 
@@ -60,7 +61,16 @@ def main(argv=None) -> int:
     from . import replication
     replication.add_arguments(sub.add_parser("report", help="one report (HTML with figures embedded, markdown, "
                                              "summary): every stage, its provenance and compute, the claims"))
+    t = sub.add_parser("train", help="train every run some notebooks need, as one queue (their default profiles); "
+                       "write the manifest of their runs")
+    t.add_argument("names", nargs="+", help="notebook names (params/<name>.yaml)")
+    t.add_argument("--out", help="write the manifest (JSON) here")
+    t.add_argument("--profile", help="instead of each params file's default profile")
+    t.add_argument("--jobs", help="runs at once ('auto' or an integer; default $PFLREPRO_JOBS or auto)")
+    t.add_argument("--progress", default="log", choices=["log", "bars", "none"])
     a = ap.parse_args(argv)
+    if a.cmd == "train":
+        return _train(a)
     if a.cmd == "claims":
         return claims.run_cli(a)
     if a.cmd == "report":
@@ -116,6 +126,27 @@ def main(argv=None) -> int:
     from .runs import run
     res = run(cfg, progress=not a.quiet, force=a.force)
     print(json.dumps({"path": str(res.path), "summary": res.summary}, indent=2))
+    return 0
+
+
+def _train(a) -> int:
+    from pathlib import Path
+
+    from .config import ConfigError
+    from .experiments import train_notebooks
+    label = Path(a.out).stem if a.out else "train"
+    try:
+        manifest = train_notebooks(a.names, a.profile, a.jobs, {"log": "log", "bars": True, "none": False}[a.progress],
+                                   label=label)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text)
+    n = len({d for ds in manifest["notebooks"].values() for d in ds})
+    print(f"{len(a.names)} notebooks, {n} distinct runs stored" + (f"; manifest {a.out}" if a.out else ""))
     return 0
 
 

@@ -190,3 +190,22 @@ def output_dirs(name: str, out_dir: str | None) -> tuple[Path, Path, Path]:
     for d in (res, fig, store):
         d.mkdir(parents=True, exist_ok=True)
     return res, fig, store
+
+
+def train_notebooks(names: list[str], profile: str | None = None, jobs: int | str | None = None,
+                    progress: bool | str = "log", label: str = "train") -> dict:
+    """Train every run the notebooks `names` need (each at its params file's default profile, or `profile`),
+    as one grid: runs shared between tables train once, and all of a paper's runs queue together, longest
+    first, so `jobs` processes stay busy instead of waiting at the end of each notebook's short grid.
+    The notebooks then find every run stored and only render. Returns the manifest
+    {"profile", "notebooks": {name: [run dirs]}}: run directory names are content addresses (config +
+    code), so the manifest changes exactly when a notebook's runs do (a DVC dependency of its stage)."""
+    configs, dirs = {}, {}
+    for name in names:
+        p = load_profile(name, profile)
+        g = grid(p)
+        for (method, setting, seed), cfg in g.items():
+            configs[(f"{name}: {method}", setting, seed)] = cfg
+        dirs[name] = sorted({run_dir(cfg, results_root() / "runs").name for cfg in g.values()})
+    run_grid(configs, root=results_root() / "runs", progress=progress, jobs=jobs, name=label)
+    return {"profile": profile or "default", "notebooks": dirs}

@@ -466,11 +466,30 @@ def _params_chain(name: str) -> list[str]:
     return out
 
 
+PAPER_PREFIXES = ("pfedsd", "dcpfl", "scd", "fedbsd", "perfed_ckt")
+
+
+def _paper(name: str) -> str | None:
+    return next((p for p in PAPER_PREFIXES if name.startswith(p + "_")), None)
+
+
+def train_stage(paper: str, names: list[str]) -> dict:
+    """All of a paper's runs in one queue (pflrepro.experiments.train_notebooks): two runs stay busy
+    from the first to the last instead of idling at the end of each notebook's short grid."""
+    names = [n for n in names if n not in NO_RUN]
+    chains = sorted({p for n in names for p in _params_chain(n)})
+    return {"cmd": f"python -m pflrepro train {' '.join(names)} --out results/train/{paper}.json",
+            "deps": ["pflrepro", "data/fmnist.pt"], "params": [{p: None} for p in chains],
+            "outs": [f"results/train/{paper}.json"]}
+
+
 def stage(name: str) -> dict:
     import yaml
     doc = yaml.safe_load((ROOT / "params" / f"{name}.yaml").read_text()) or {}
     chain = _params_chain(name)
     deps = [f"notebooks/{name}.ipynb", "pflrepro", "data/fmnist.pt"]
+    if _paper(name) and name not in NO_RUN:   # its runs are trained (or found) by the paper's train stage first
+        deps.append(f"results/train/{_paper(name)}.json")
     tables = {doc.get("paper_table")} | {yaml.safe_load((ROOT / p).read_text()).get("paper_table") for p in chain}
     deps += sorted(f"paper_numbers/{t}.csv" for t in tables if t)
     if doc.get("source") and "profiles" not in doc:   # rendered from another stage's runs: run after it
@@ -484,10 +503,14 @@ def stage(name: str) -> dict:
 def write_dvc_yaml() -> None:
     import yaml
     stages = dict(FIXED_STAGES)
-    for name in ["example", *NOTEBOOKS]:
-        if (ROOT / "notebooks" / f"{name}.ipynb").exists():
-            stages[name] = stage(name)
-    papers = [n for n in stages if n not in FIXED_STAGES and n != "example"]
+    built = [n for n in ["example", *NOTEBOOKS] if (ROOT / "notebooks" / f"{n}.ipynb").exists()]
+    for paper in PAPER_PREFIXES:
+        mine = [n for n in built if _paper(n) == paper]
+        if any(n not in NO_RUN for n in mine):
+            stages[f"train_{paper}"] = train_stage(paper, mine)
+    for name in built:
+        stages[name] = stage(name)
+    papers = [n for n in stages if n not in FIXED_STAGES and n != "example" and not n.startswith("train_")]
     stages["report"] = {  # the replication report: every paper's tables, figures and claims checklist, last
         "cmd": "python -m pflrepro report --results results --figures figures --out results/report",
         "deps": ["pflrepro/claims.py", "pflrepro/replication.py", "paper_numbers"]

@@ -123,3 +123,21 @@ def test_switching_partition_rule_drops_the_other_rules_params():
     got = merge_run(base, {"partition": "shards", "partition_params": {"s": 2}})
     assert got["partition_params"] == {"s": 2} and got["split_params"] == {"fractions": [0.8, 0.2]}
     assert merge_run(base, {"partition_params": {"min_frac": 0.3}})["partition_params"] == {"alpha": 0.1, "min_frac": 0.3}
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"),
+                    reason="needs offline Fashion-MNIST")
+def test_train_notebooks_trains_shared_runs_once_and_lists_them(params_dir, store):
+    (params_dir / "parent.yaml").write_text(PARENT.replace("n_clients: 4", "n_clients: 4, subsample: 0.01")
+                                            .replace("seeds: [0, 1]", "seeds: [0]"))
+    (params_dir / "view.yaml").write_text("source: parent\n")                 # the same runs, rendered again
+    (params_dir / "more.yaml").write_text("inherit: parent\nprofiles:\n  mini:\n    methods: {fedavg: {}, local: {}}\n")
+    m = experiments.train_notebooks(["parent", "view", "more"], progress=False)
+    want = {n: sorted(experiments.run_dir(c, store / "runs").name for c in experiments.grid(experiments.load_profile(n)).values())
+            for n in ("parent", "view", "more")}
+    assert m["notebooks"] == want and m["notebooks"]["view"] == m["notebooks"]["parent"]
+    stored = sorted(p.parent.name for p in (store / "runs").glob("*/summary.json"))
+    assert stored == sorted(set(want["parent"]) | set(want["more"])) and len(stored) == 3   # fedavg shared by all three
+    stamp = {p: p.stat().st_mtime_ns for p in (store / "runs").glob("*/summary.json")}
+    assert experiments.train_notebooks(["more"], progress=False)["notebooks"]["more"] == want["more"]
+    assert stamp == {p: p.stat().st_mtime_ns for p in (store / "runs").glob("*/summary.json")}  # found, not retrained

@@ -1,5 +1,6 @@
 """The pipeline: every paper-profile config starts on stand-in data, the example notebook runs
 end to end under papermill, a two-point papermill sweep, the CLI, and the DVC wiring."""
+import functools
 import json
 import math
 import subprocess
@@ -22,6 +23,7 @@ def test_every_file_has_three_valid_profiles(name):
         assert configs, (name, prof)
 
 
+@functools.lru_cache(maxsize=None)   # read once per session: collection builds several parametrizations from it
 def _paper_configs():
     """Every distinct paper-profile config of every params file (seeds and configs shared between
     files, e.g. Table 5 rendering Table 2's runs, counted once). All of them are validated by
@@ -30,7 +32,7 @@ def _paper_configs():
     for name in PARAM_FILES:
         for (method, setting, seed), cfg in experiments.grid(experiments.load_profile(name, "paper")).items():
             seen.setdefault(cfg.replace(seed=0).key(), (f"{name}:{method}:{setting}", cfg))
-    return list(seen.values())
+    return tuple(seen.values())
 
 
 def _distinct_items(key):
@@ -211,6 +213,25 @@ def test_dvc_stages_cover_every_notebook_and_params():
         assert f"figures/{nbname}" in outs
     for nbname in notebooks:  # committed clean: outputs come from dvc repro
         assert '"output_type"' not in (REPO_ROOT / "notebooks" / f"{nbname}.ipynb").read_text()
+
+
+def test_each_paper_trains_its_runs_in_one_stage_before_its_notebooks():
+    """train_<paper> lists every notebook of that paper that trains, reads all their params files, and each
+    such notebook depends on its manifest (so DVC runs it after)."""
+    dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    train = {s[len("train_"):]: st for s, st in dvc.items() if s.startswith("train_")}
+    assert set(train) == {"pfedsd", "dcpfl", "scd", "fedbsd", "perfed_ckt"}
+    for name, st in dvc.items():
+        manifest = [d for d in st.get("deps", []) if d.startswith("results/train/")]
+        paper = next((p for p in train if name.startswith(p + "_")), None)
+        if not paper or name.startswith("train_") or not manifest:
+            continue
+        assert manifest == [f"results/train/{paper}.json"], name
+        assert f" {name} " in train[paper]["cmd"], name
+        assert {next(iter(p)) for p in st["params"]} <= {next(iter(p)) for p in train[paper]["params"]}, name
+    trained = {n for st in train.values() for n in st["cmd"].split("--out")[0].split()[4:]}
+    with_runs = {n for n, st in dvc.items() if "metrics" in st and n != "example"}
+    assert trained == with_runs
 
 
 def test_report_stage_runs_after_every_table():
