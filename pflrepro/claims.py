@@ -88,7 +88,7 @@ KEY_COLUMNS = ("dataset", "setting", "panel", "metric", "method")
 COMMON = {"id", "quote", "where", "form", "section", "column", "std", "select", "group_by", "quantifier",
           "aggregate", "better", "min_gap", "noise", "missing", "profiles", "paper_datasets", "paper_view",
           "note", "paper_inconsistent"}
-TOP = {"paper", "source", "min_gap", "paper_datasets", "planned_stages", "claims"}
+TOP = {"paper", "source", "min_gap", "paper_datasets", "planned_stages", "scale_notes", "claims"}
 FORMS = {  # form -> (required fields, optional fields)
     "order": ({"a", "b"}, {"by"}),
     "order_all": ({"above", "below"}, {"pairs"}),
@@ -125,6 +125,9 @@ def load(path: Path | str) -> dict:
         raise ClaimsError(f"{where}: unknown top-level key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(TOP))})")
     if not isinstance(doc.get("min_gap", 1.0), (int, float)):
         raise ClaimsError(f"{where}: min_gap must be a number")
+    notes = doc.get("scale_notes", {})   # profile -> why claims cannot show at that scale (the report prints it)
+    if not isinstance(notes, dict) or not all(isinstance(v, str) for v in notes.values()):
+        raise ClaimsError(f"{where}: scale_notes must map a profile name to a text")
     seen = set()
     for i, c in enumerate(doc["claims"]):
         cid = c.get("id") if isinstance(c, dict) else None

@@ -177,9 +177,10 @@ def _distinct_wall(stages: list[Stage]) -> float:
     return sum(seen.values())
 
 
-def summarize(papers: dict[str, list[Stage]], rows: list[dict], has_claims: set) -> list[dict]:
+def summarize(papers: dict[str, list[Stage]], rows: list[dict], has_claims: set | dict) -> list[dict]:
     """One row per (paper, profile of the outputs) with the claims evaluated on those outputs; the claims
-    on stages not reproduced yet, and those stages, in a row of their own."""
+    on stages not reproduced yet, and those stages, in a row of their own. `has_claims`: the papers with a
+    claims file, or {paper: its claims file} whose `scale_notes[profile]` becomes that row's note."""
     out = []
     for paper, stages in papers.items():
         profile_of = {st.name: st.profile if st.exists else NOT_REPRODUCED for st in stages}
@@ -193,6 +194,8 @@ def summarize(papers: dict[str, list[Stage]], rows: list[dict], has_claims: set)
             if prof == NOT_REPRODUCED and not sts and not mine and profiles:
                 continue
             note = "" if paper in has_claims else "no claims file yet"
+            if isinstance(has_claims, dict) and paper in has_claims:
+                note = (has_claims[paper].get("scale_notes") or {}).get(prof, "")
             out.append({"paper": paper, "title": PAPERS.get(paper, paper), "profile": prof, "stages": len(sts),
                         **_counts(mine), "claims": len(mine),
                         "compute_s": round(_distinct_wall(sts), 1) if prof != NOT_REPRODUCED else None,
@@ -309,7 +312,8 @@ def claims_markdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: Path) -> str:
+def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: Path,
+                   scale_notes: dict | None = None) -> str:
     done = [st for st in stages if st.exists]
     missing = [st.name for st in stages if not st.exists]
     parts = [f'<a id="paper-{paper}"></a>\n\n## {PAPERS.get(paper, paper)} (`{paper}`)\n']
@@ -318,6 +322,8 @@ def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: P
     parts += [
              f"{len(done)} of {len(stages)} stages reproduced; compute {_duration(_distinct_wall(done) if done else None)} "
              f"(distinct runs); claims: {_count_text(_counts(rows)) if rows else 'no claims file yet'}.\n"]
+    parts += [f"**Scale ({prof}):** {text}\n" for prof, text in (scale_notes or {}).items()
+              if prof in {st.profile for st in done}]
     if done:
         parts.append(_md_table(["stage", "title", "profile", "runs", "compute", "claims"],
                                [[f"[{st.name}](#stage-{st.name})", _stage_title(st), st.profile, len(st.runs),
@@ -354,8 +360,12 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
              "offline stand-in data: its verdicts speak about trends there, not about the paper's numbers. "
              "Compute: the wall time of the distinct runs the outputs used.\n",
              summary_markdown(summary)]
+    notes = {r["paper"]: {} for r in summary}
+    for r in summary:
+        if r["note"] and r["note"] != "no claims file yet":
+            notes[r["paper"]][r["profile"]] = r["note"]
     for paper, stages in papers.items():
-        parts.append(paper_markdown(paper, stages, [r for r in rows if r["paper"] == paper], out_dir))
+        parts.append(paper_markdown(paper, stages, [r for r in rows if r["paper"] == paper], out_dir, notes.get(paper)))
     return "\n".join(parts)
 
 
@@ -411,7 +421,7 @@ def write_report(results_root: Path, figures_root: Path, out_dir: Path) -> dict:
     rows = claims.check(results_root)
     papers = {p: [load_stage(n, p, results_root, figures_root) for n in names]
               for p, names in expected_stages(results_root, docs).items()}
-    summary = summarize(papers, rows, {d["paper"] for d in docs})
+    summary = summarize(papers, rows, {d["paper"]: d for d in docs})
     md = report_markdown(papers, rows, summary, results_root, out_dir)
     paths = {"markdown": out_dir / "report.md", "html": out_dir / "report.html",
              "summary_csv": out_dir / "summary.csv", "summary_md": out_dir / "summary.md"}

@@ -19,7 +19,8 @@ from pflrepro import claims, replication  # noqa: E402
 from pflrepro.__main__ import main  # noqa: E402
 
 GIT = {"commit": "abcdef0123456789", "dirty": False}
-CLAIMS = {"paper": "fake", "min_gap": 1.0, "planned_stages": ["fake_table3"], "claims": [
+CLAIMS = {"paper": "fake", "min_gap": 1.0, "planned_stages": ["fake_table3"],
+          "scale_notes": {"mini": "Method two needs ten times the data."}, "claims": [
     {"id": "m1-beats-m2", "quote": "Method one beats method two.", "where": {"stage": "fake_table1", "table": "table"},
      "form": "order", "a": "m1", "b": "m2"},                                       # 80 vs 70: holds
     {"id": "m2-beats-m1", "quote": "Method two beats method one.", "where": {"stage": "fake_table1", "table": "table"},
@@ -122,9 +123,12 @@ def test_summary_counts_match_the_claims_checker(tree):
     assert csv.query("paper == 'fake' and profile == 'mini'")["holds"].item() == 2
     other = next(r for r in out["summary"] if r["paper"] == "other")
     assert (other["profile"], other["note"]) == ("smoke", "no claims file yet")
+    assert mini["note"] == "Method two needs ten times the data."          # the claims file's scale note, its profile only
+    assert next(r for r in rows if r["profile"] != "mini")["note"] == ""
     md = out["markdown"].read_text()
     assert "commit** abcdef0123" in md and "numpy 7.7.7" in md and "**seeds** 0" in md   # provenance, from the store
     assert "**compute** 30.0 s" in md                              # fake_table1: its two runs
+    assert "**Scale (mini):** Method two needs ten times the data." in md
 
 
 def test_missing_stage_is_not_reproduced_yet(tree, monkeypatch):
