@@ -15,7 +15,8 @@ notebook):
 
 Reported: seconds, runs/minute, threads per run, the speedup against `one_after_another`, and
 whether side_by_side's metrics equal the same-threads reference. Written to <out>/bench_jobs.csv
-and bench_jobs.md (printed). --quick: the smoke profile (seconds; the tests run it).
+and bench_jobs.md (printed). --quick: the example notebook's smoke profile (three runs, seconds; the
+tests run it).
 """
 from __future__ import annotations
 
@@ -58,8 +59,8 @@ def _metrics(store: Path) -> dict:
 def main(argv=None) -> int:
     from pflrepro import parallel
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke profile (seconds)")
-    ap.add_argument("--notebook", default="pfedsd_table2")
+    ap.add_argument("--quick", action="store_true", help="smoke profile of the example notebook (seconds)")
+    ap.add_argument("--notebook", default=None, help="default: pfedsd_table2 (example with --quick)")
     ap.add_argument("--profile", default=None, help="default: mini (smoke with --quick)")
     ap.add_argument("--jobs", default="auto")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"))
@@ -69,6 +70,7 @@ def main(argv=None) -> int:
         child(**json.loads(a.child))
         return 0
     profile = a.profile or ("smoke" if a.quick else "mini")
+    a.notebook = a.notebook or ("example" if a.quick else "pfedsd_table2")
     jobs = parallel.resolve_jobs(a.jobs, [])
     if jobs == 1:
         print(f"jobs resolves to 1 on this machine ({parallel.cpu_cores()} cores): nothing to compare")

@@ -3,6 +3,7 @@ end to end under papermill, a two-point papermill sweep, the CLI, and the DVC wi
 import functools
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -174,13 +175,18 @@ def test_paper_config_starts_on_standin(cfg, tmp_path, cut_test_sets):
 @pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
 def test_example_notebook_and_two_point_sweep(tmp_path):
     nb = REPO_ROOT / "notebooks" / "example.ipynb"
-    for lr in (0.01, 0.05):  # the README's papermill sweep, over the smoke profile
+    procs = {}
+    for lr in (0.01, 0.05):  # the README's papermill sweep, over the smoke profile; both points at once (2 kernels)
         out = tmp_path / f"lr{lr}"
         cmd = [sys.executable, "-m", "papermill", str(nb), str(out / "example.ipynb"), "-p", "profile", "smoke",
                "-p", "out_dir", str(out), "-p", "progress", "False", "-y", yaml.safe_dump({"overrides": {"base": {"lr": lr}}})]
         out.mkdir()
-        r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)  # cwd elsewhere: paths resolve from repo root
-        assert r.returncode == 0, r.stderr[-3000:]
+        procs[lr] = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "PFLREPRO_JOBS": "1"})  # cwd elsewhere: paths resolve from repo root
+    for lr, proc in procs.items():
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        out = tmp_path / f"lr{lr}"
         for f in ("table.md", "table.csv", "runs.csv", "provenance.json", "figures/learning_curves.png", "figures/partition.png"):
             assert (out / f).stat().st_size > 0, f
         prov = json.loads((out / "provenance.json").read_text())
