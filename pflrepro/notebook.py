@@ -108,8 +108,22 @@ class Experiment:
             path = self.metrics_path()
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(run_metrics(self.tidy(results), self.profile), indent=1))
+            plot_curves_csv(results, self.metric).to_csv(self.res_dir / "curves.csv", index=False)
         print(json.dumps({k: prov[k] for k in ("notebook", "profile", "banner")}, indent=2))
         return prov
+
+
+def plot_curves_csv(results: dict, metric: str) -> pd.DataFrame:
+    """curves.csv, what `dvc plots show` / `dvc plots diff` draw (template .dvc/plots/curves.json, one line per
+    `curve`): round, curve ("method", or "method / setting" when the runs have several settings), the metric in %
+    (mean over seeds; rounds without an evaluation are skipped)."""
+    several = len({setting for _, setting, _ in results}) > 1
+    rows = [{"round": h["round"], "curve": f"{method} / {setting}" if several else method, metric: 100.0 * h[metric]}
+            for (method, setting, _), r in results.items() for h in r.history if h.get(metric) is not None]
+    if not rows:
+        return pd.DataFrame(columns=["round", "curve", metric])
+    out = pd.DataFrame(rows).groupby(["curve", "round"], sort=False, as_index=False)[metric].mean()
+    return out[["round", "curve", metric]].round({metric: 3})
 
 
 def run_metrics(runs: pd.DataFrame, profile: str) -> dict:

@@ -483,6 +483,12 @@ def train_stage(paper: str, names: list[str]) -> dict:
             "outs": [f"results/train/{paper}.json"]}
 
 
+def _metric(name: str) -> str:
+    sys.path.insert(0, str(ROOT))
+    from pflrepro.experiments import read_params
+    return read_params(name).get("metric", "pm_acc_mean")
+
+
 def stage(name: str) -> dict:
     import yaml
     doc = yaml.safe_load((ROOT / "params" / f"{name}.yaml").read_text()) or {}
@@ -517,7 +523,12 @@ def write_dvc_yaml() -> None:
                 + [f"results/{n}" for n in papers] + [f"figures/{n}" for n in papers],
         "outs": ["results/report"],
     }
-    text = yaml.safe_dump({"stages": stages}, sort_keys=False, width=120).replace(": null", ":")
+    # learning curves where DVC users look (`dvc plots show`, `dvc plots diff` between experiments): every training
+    # notebook's curves.csv (pflrepro.notebook.plot_curves_csv), one line per curve (template .dvc/plots/curves.json)
+    plots = [{f"results/{n}/curves.csv": {"x": "round", "y": _metric(n), "template": "curves", "title": n,
+                                           "y_label": f"{_metric(n)} (%)"}}
+             for n in built if "metrics" in stages[n]]
+    text = yaml.safe_dump({"stages": stages, "plots": plots}, sort_keys=False, width=120).replace(": null", ":")
     (ROOT / "dvc.yaml").write_text(DVC_HEADER + text)
     print("wrote dvc.yaml", len(stages), "stages")
 

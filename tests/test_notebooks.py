@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import matplotlib
+import pandas as pd
 import pytest
 
 from pflrepro.runs import REPO_ROOT
@@ -73,3 +74,6 @@ def test_notebook_renders_on_smoke(name, tmp_path, shared_store):
         m = json.loads((tmp_path / "metrics.json").read_text())
         cells = [v for s_, by_method in m.items() if s_ != "profile" for v in by_method.values()]
         assert m["profile"] == "smoke" and cells and all(set(v) == {"best", "last10"} for v in cells), m
+        curves = pd.read_csv(tmp_path / "curves.csv")   # what `dvc plots show` draws, one line per curve
+        assert list(curves.columns) == ["round", "curve", ns["E"].metric] and len(curves) > 0
+        assert curves["curve"].nunique() == len({(k[0], k[1]) for k in ns["E"].configs}) and curves["round"].min() >= 0

@@ -240,6 +240,21 @@ def test_each_paper_trains_its_runs_in_one_stage_before_its_notebooks():
     assert trained == with_runs
 
 
+def test_every_training_stage_has_its_curves_as_a_dvc_plot():
+    """`dvc plots show` draws results/<stage>/curves.csv (written by Experiment.finish, checked on every notebook
+    in tests/test_notebooks.py) with the committed template, one line per curve."""
+    doc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
+    plots = {next(iter(p)): next(iter(p.values())) for p in doc["plots"]}
+    for name, st in doc["stages"].items():
+        if "metrics" in st:
+            spec = plots[f"results/{name}/curves.csv"]
+            assert (spec["x"], spec["template"]) == ("round", "curves"), name
+            assert spec["y"] == experiments.read_params(name).get("metric", "pm_acc_mean"), name
+            assert f"results/{name}" in st["outs"], name       # the file is inside the stage's output
+    template = json.loads((REPO_ROOT / ".dvc" / "plots" / "curves.json").read_text())
+    assert template["encoding"]["color"]["field"] == "curve" and template["data"]["values"] == "<DVC_METRIC_DATA>"
+
+
 def test_report_stage_runs_after_every_table():
     dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
     deps = set(dvc["report"]["deps"])
