@@ -6,6 +6,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -253,6 +254,29 @@ def test_every_training_stage_has_its_curves_as_a_dvc_plot():
             assert f"results/{name}" in st["outs"], name       # the file is inside the stage's output
     template = json.loads((REPO_ROOT / ".dvc" / "plots" / "curves.json").read_text())
     assert template["encoding"]["color"]["field"] == "curve" and template["data"]["values"] == "<DVC_METRIC_DATA>"
+
+
+def test_dvc_lock_records_the_code_and_params_at_head():
+    """The committed dvc.lock is what `dvc repro` produced from this very code and these params: `dvc status` on a
+    fresh clone may say outputs and the data cache are missing (nothing ran here), never that a stage's code,
+    notebook, params or paper numbers changed since the lock was written (refresh it: `dvc repro`, then commit
+    dvc.lock)."""
+    dvc = Path(sys.executable).with_name("dvc")
+    if not dvc.exists():
+        pytest.skip("dvc is not installed next to this Python")
+    r = subprocess.run([str(dvc), "status", "--json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    stale = {}
+    for stage, changes in json.loads(r.stdout or "{}").items():
+        for change in changes:
+            if isinstance(change, str):                       # "changed command", "always changed", ...
+                stale.setdefault(stage, []).append(change)
+                continue
+            deps = change.get("changed deps", {})
+            stale_deps = [d for d, how in deps.items() if not d.startswith("data/") and not d.startswith("results/")]
+            if stale_deps:
+                stale.setdefault(stage, []).extend(f"{d}: {deps[d]}" for d in stale_deps)
+    assert not stale, f"dvc.lock is older than the code or params: {stale}"
 
 
 def test_report_stage_runs_after_every_table():
