@@ -68,10 +68,7 @@ class Experiment:
     def metrics_path(self) -> Path:
         """metrics/<name>.json (what `dvc metrics show` and `dvc exp show` read; a DVC stage's metrics file, kept in
         git) for the default run, or <out_dir>/metrics.json for a sweep point."""
-        if self.out_dir:
-            return self.res_dir / "metrics.json"
-        root = experiments.results_root()
-        return (REPO_ROOT if root == REPO_ROOT / "results" else root) / "metrics" / f"{self.name}.json"
+        return metrics_path(self.name, self.out_dir, self.res_dir)
 
     def table(self, df: pd.DataFrame, title: str, stem: str = "table", note: str = "", digits: int = 2) -> str:
         """Write <stem>.md (banner + table + paper source) and <stem>.csv; return the markdown."""
@@ -105,12 +102,25 @@ class Experiment:
                          for k, r in results.items()}}
         (self.res_dir / "provenance.json").write_text(json.dumps(prov, indent=2))
         if results:
-            path = self.metrics_path()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(run_metrics(self.tidy(results), self.profile), indent=1))
-            plot_curves_csv(results, self.metric).to_csv(self.res_dir / "curves.csv", index=False)
+            write_metrics_and_curves(self.name, results, self.metric, self.profile, self.res_dir, self.out_dir)
         print(json.dumps({k: prov[k] for k in ("notebook", "profile", "banner")}, indent=2))
         return prov
+
+
+def metrics_path(name: str, out_dir, res_dir: Path) -> Path:
+    """metrics/<name>.json beside results/ for a DVC stage, <out_dir>/metrics.json for a sweep point."""
+    if out_dir:
+        return Path(res_dir) / "metrics.json"
+    root = experiments.results_root()
+    return (REPO_ROOT if root == REPO_ROOT / "results" else root) / "metrics" / f"{name}.json"
+
+
+def write_metrics_and_curves(name: str, results: dict, metric: str, profile: str, res_dir: Path, out_dir=None) -> None:
+    """The DVC metrics file (metrics_path) and the DVC plots file <res_dir>/curves.csv of a notebook's runs."""
+    path = metrics_path(name, out_dir, res_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(run_metrics(report.tidy(results, metric), profile), indent=1))
+    plot_curves_csv(results, metric).to_csv(Path(res_dir) / "curves.csv", index=False)
 
 
 def plot_curves_csv(results: dict, metric: str) -> pd.DataFrame:

@@ -188,7 +188,8 @@ def test_example_notebook_and_two_point_sweep(tmp_path):
         _, err = proc.communicate(timeout=600)
         assert proc.returncode == 0, err[-3000:]
         out = tmp_path / f"lr{lr}"
-        for f in ("table.md", "table.csv", "runs.csv", "provenance.json", "figures/learning_curves.png", "figures/partition.png"):
+        for f in ("table.md", "table.csv", "runs.csv", "provenance.json", "figures/learning_curves.png", "figures/partition.png",
+                  "metrics.json", "curves.csv"):                    # the last two: the stage's DVC metrics and plots
             assert (out / f).stat().st_size > 0, f
         prov = json.loads((out / "provenance.json").read_text())
         assert prov["profile"] == "smoke" and len(prov["runs"]) == 3
@@ -218,6 +219,10 @@ def test_dvc_stages_cover_every_notebook_and_params():
         assert any(f"params/{nbname}.yaml" in (p if isinstance(p, str) else next(iter(p))) for p in st["params"])
         outs = [o if isinstance(o, str) else next(iter(o)) for o in st["outs"]]
         assert f"figures/{nbname}" in outs
+    for nbname in notebooks:  # a stage declaring DVC metrics has a notebook that writes them (the full repro once
+        if "metrics" in dvc[nbname]:   # failed at the example stage: its hand-written notebook never did)
+            src = (REPO_ROOT / "notebooks" / f"{nbname}.ipynb").read_text()
+            assert "E.finish()" in src or "write_metrics_and_curves(" in src, nbname
     for nbname in notebooks:  # committed clean: outputs come from dvc repro
         assert '"output_type"' not in (REPO_ROOT / "notebooks" / f"{nbname}.ipynb").read_text()
 
