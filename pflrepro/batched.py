@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from torch.func import grad_and_value, vmap
 
-from .engine import (Context, Divergence, ModelView, Plan, TrainStats, ce_loss, derive_seed, is_batchable,
+from .engine import (Context, Divergence, ModelView, Plan, Then, TrainStats, ce_loss, derive_seed, is_batchable,
                      train_mode)
 
 
@@ -229,13 +229,14 @@ def sgd_update(params: list, grads: list, bufs: list, *, lr: float, momentum: fl
 def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch.Tensor,
                      index: list[torch.Tensor], *, epochs: int, batch_size: int, lr: float,
                      momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
-                     loss=ce_loss, trainable=None, seeds: list[int], steps: int | None = None,
+                     loss=ce_loss, trainable=None, seeds: list[int], steps: int | list | None = None,
                      aux: list[dict] | None = None, per_sample: list[dict] | None = None) -> list[tuple[dict, TrainStats]]:
     """`engine.local_train` for C clients at once (see the module docstring).
 
     `module` gives the architecture only (its own weights are not used or changed); client i
     starts from `starts[i]` (a state dict), trains on rows `index[i]` of (`x`, `y`) with seed
     `seeds[i]`, and receives `aux[i]` (plus its rows of `per_sample[i]`) in the loss term.
+    `steps` (one for all, or a list: one per client, None = `epochs`) caps each client's steps.
     Returns, per client, its final state dict (views into the stacked tensors: clone what you keep)
     and its TrainStats."""
     if not is_batchable(loss):
@@ -254,7 +255,8 @@ def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: 
     B = batch_size
     n = [int(len(ix)) for ix in index]
     spe = [math.ceil(m / B) for m in n]
-    T = [0 if m == 0 else (steps if steps is not None else epochs * s) for m, s in zip(n, spe)]
+    steps = steps if isinstance(steps, (list, tuple)) else [steps] * C      # per client, or one for all
+    T = [0 if m == 0 else (st if st is not None else epochs * s) for m, s, st in zip(n, spe, steps)]
     order = sorted(range(C), key=lambda i: -T[i])     # stable: still-training clients form a prefix
     rank = {i: r for r, i in enumerate(order)}
     Tmax = max(T) if T else 0
@@ -520,7 +522,7 @@ def group_key(ctx: Context, k: int, plan: Plan):
     names = [n for n, _ in ctx.model(k).named_parameters()]
     tr = None if plan.trainable is None else frozenset(n for n in names if plan.trainable(n))
     try:
-        return (ctx.arch(k), plan.loss, tr, plan.epochs, plan.lr, plan.steps, plan.purpose,
+        return (ctx.arch(k), plan.loss, tr, plan.epochs, plan.lr, plan.purpose,   # steps may differ per client
                 _signature(plan.start), _signature(plan.aux), _signature(plan.per_sample, rows=True))
     except NotBatchable:
         return None
@@ -538,20 +540,42 @@ def slower_batched(module: nn.Module, device: torch.device) -> bool:
 def batched_round(ctx: Context, algo, rnd: int, selected: list[int], server: dict, clients: dict) -> list:
     """One round's local updates with batching (`local_round`'s branch for plan-based algorithms):
     results equal the per-client path's up to float rounding; clients' states are stored in
-    `selected` order, as the per-client loop stores them."""
+    `selected` order, as the per-client loop stores them. A `finish` that answers `Then` (a second
+    training phase: Ditto's PM, FedRep's body) has those plans batched in turn, all clients' at once."""
+    results = {}
+
+    def first(k, state, stats):
+        results[k] = algo.finish(rnd, k, server, clients.get(k), state, stats)
+
+    train_plans(ctx, rnd, {k: algo.plan(rnd, k, server, clients.get(k)) for k in selected}, first)
+    while pending := {k: r for k, r in results.items() if isinstance(r, Then)}:
+        def then(k, state, stats):
+            results[k] = pending[k].done(state, stats)
+        train_plans(ctx, rnd, {k: t.plan for k, t in pending.items()}, then)
+    updates = []
+    for k in selected:
+        up, new_state = results[k]
+        if new_state is not None:
+            clients[k] = new_state
+        updates.append(up)
+    return updates
+
+
+def train_plans(ctx: Context, rnd: int, plans: dict, on_trained) -> None:
+    """Train every client's `Plan` (clients whose plans match in groups, in chunks that fit the memory
+    budget; the rest one by one, as `Context.train_plan`) and call `on_trained(k, state, stats)` for each
+    right away (`state` is valid until the next training: clone what is kept)."""
     cfg = ctx.cfg
-    plans = {k: algo.plan(rnd, k, server, clients.get(k)) for k in selected}
     groups: dict = {}
     singles = []
-    for k in selected:
-        key = group_key(ctx, k, plans[k])
+    for k, plan in plans.items():
+        key = group_key(ctx, k, plan)
         if key is None:
             if cfg.engine == "batched":
                 raise NotBatchable(f"engine='batched': client {k}'s loss term is not batchable")
             singles.append(k)
         else:
             groups.setdefault(key, []).append(k)
-    results = {}
     for ks in groups.values():
         if cfg.engine == "auto" and (len(ks) == 1 or slower_batched(ctx.model(ks[0]), ctx.device)):
             singles += ks
@@ -573,20 +597,11 @@ def batched_round(ctx: Context, algo, rnd: int, selected: list[int], server: dic
                 singles += chunk
                 continue
             for k, (state, stats) in zip(chunk, outs):
-                results[k] = algo.finish(rnd, k, server, clients.get(k), state, stats)
+                on_trained(k, state, stats)
             del outs
     for k in singles:                    # the per-client path, as Algorithm.client_update runs it
-        plan = plans[k]
-        net = ctx.model(k, plan.start)
-        stats = ctx.train_plan(net, k, rnd, plan)
-        results[k] = algo.finish(rnd, k, server, clients.get(k), net.state_dict(), stats)
-    updates = []
-    for k in selected:
-        up, new_state = results[k]
-        if new_state is not None:
-            clients[k] = new_state
-        updates.append(up)
-    return updates
+        net = ctx.model(k, plans[k].start)
+        on_trained(k, net.state_dict(), ctx.train_plan(net, k, rnd, plans[k]))
 
 
 def _train_chunk(ctx: Context, rnd: int, ks: list[int], plans: list[Plan]):
@@ -597,5 +612,5 @@ def _train_chunk(ctx: Context, rnd: int, ks: list[int], plans: list[Plan]):
         epochs=c.local_epochs if p0.epochs is None else p0.epochs, batch_size=c.batch_size,
         lr=c.lr if p0.lr is None else p0.lr, momentum=c.momentum, weight_decay=c.weight_decay,
         grad_clip=c.grad_clip, loss=p0.loss, trainable=p0.trainable,
-        seeds=[derive_seed(c.seed, rnd, k, p0.purpose) for k in ks], steps=p0.steps,
+        seeds=[derive_seed(c.seed, rnd, k, p0.purpose) for k in ks], steps=[p.steps for p in plans],
         aux=[p.aux for p in plans], per_sample=[p.per_sample for p in plans])

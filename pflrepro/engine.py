@@ -124,6 +124,27 @@ class Plan:
     purpose: int = 0                                # seed stream (derive_seed(seed, rnd, k, purpose))
 
 
+@dataclass
+class Then:
+    """`Algorithm.finish`'s answer when the client trains once more before it replies (Ditto's and SCD's PM
+    after the GM, FedRep's body after the head): the engine trains `plan` (with other clients' second plans
+    when batched) and calls `done(state, stats)`, which returns the (Update, client state) pair, or another
+    `Then`. `state` is reused by the engine afterwards: clone what is kept."""
+    plan: Plan
+    done: Callable
+
+
+def train_chain(ctx: "Context", k: int, rnd: int, plan: Plan, done: Callable):
+    """The per-client path of a client step: train `plan`, call `done(state, stats)`, and train every `Then`
+    it answers, until the (Update, client state) pair."""
+    while True:
+        net = ctx.model(k, plan.start)
+        out = done(net.state_dict(), ctx.train_plan(net, k, rnd, plan))
+        if not isinstance(out, Then):
+            return out
+        plan, done = out.plan, out.done
+
+
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed from integers (run seed, round, client, purpose): independent of
     call order, so a resumed run draws exactly what an uninterrupted one draws."""

@@ -200,12 +200,13 @@ def train_notebooks(names: list[str], profile: str | None = None, jobs: int | st
     The notebooks then find every run stored and only render. Returns the manifest
     {"profile", "notebooks": {name: [run dirs]}}: run directory names are content addresses (config +
     code), so the manifest changes exactly when a notebook's runs do (a DVC dependency of its stage)."""
-    configs, dirs = {}, {}
+    configs = {}
     for name in names:
-        p = load_profile(name, profile)
-        g = grid(p)
-        for (method, setting, seed), cfg in g.items():
-            configs[(f"{name}: {method}", setting, seed)] = cfg
-        dirs[name] = sorted({run_dir(cfg, results_root() / "runs").name for cfg in g.values()})
-    run_grid(configs, root=results_root() / "runs", progress=progress, jobs=jobs, name=label)
-    return {"profile": profile or "default", "notebooks": dirs}
+        for (method, setting, seed), cfg in grid(load_profile(name, profile)).items():
+            configs[(name, f"{name}: {method}", setting, seed)] = cfg
+    done = run_grid({key[1:]: cfg for key, cfg in configs.items()}, root=results_root() / "runs",
+                    progress=progress, jobs=jobs, name=label)
+    dirs = {name: set() for name in names}
+    for name, *key in configs:
+        dirs[name].add(Path(done[tuple(key)].path).name)
+    return {"profile": profile or "default", "notebooks": {n: sorted(d) for n, d in dirs.items()}}

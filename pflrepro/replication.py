@@ -27,7 +27,6 @@ import html
 import json
 import os
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -337,14 +336,9 @@ def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: P
 
 
 def _git_now() -> str:
-    try:
-        sha = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=10", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    from .runs import git_commit
+    g = git_commit()
+    return "unknown" if g["commit"] == "unknown" else g["commit"][:10] + ("+dirty" if g["dirty"] else "")
 
 
 def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: list[dict], results_root: Path,

@@ -370,13 +370,21 @@ def _write_metrics(path: Path, history: list, per_client: list):
             w.writerow([r["round"]] + [f"{a:.6f}" for a in accs])
 
 
+# Tracked files that `dvc repro` itself rewrites (the lock, the metrics, README's summary block): a checkout
+# is not "dirty" because the pipeline ran in it, or every stage after the first would say so.
+PIPELINE_OUTPUTS = ("dvc.lock", "metrics", "README.md")
+
+
 def git_commit() -> dict:
+    """HEAD and whether tracked files other than PIPELINE_OUTPUTS differ from it."""
     def git(*a):
         try:
             return subprocess.run(["git", *a], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
         except Exception:
             return ""
-    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                  *(f":(exclude){p}" for p in PIPELINE_OUTPUTS))
+    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(changed)}
 
 
 def model_flops(ctx: Context) -> int | None:

@@ -18,6 +18,7 @@ numpy on detached weights: its spectral term has none).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -50,10 +51,49 @@ def spectrum(params: dict, names: list[str], mode: str = "dft1d") -> torch.Tenso
 
 
 def _real_dft_magnitude(w: torch.Tensor) -> torch.Tensor:
-    """|DFT(w)| of a real vector from the half-length rfft: |z_k| = |z_{d-k}| (about half the work of fft)."""
+    """|DFT(w)| of a real vector. Lengths with a large prime factor p (LeNet's 44,190 = 90 x 491)
+    take the four-step factorisation d = p x m (`_four_step_dft`): one call of torch's FFT on such a
+    length costs about 3x the two batched short FFTs (docs/performance.md, "SCD's spectrum"); other
+    lengths take the half-length rfft and its mirror, |z_k| = |z_{d-k}|. Both are the same DFT up to
+    float rounding (tests/test_scd.py)."""
     d = w.shape[-1]
+    p = _largest_prime_factor(d)
+    if p > FOUR_STEP_MIN_PRIME and p < d:
+        return _four_step_dft(w, p).abs()
     r = torch.fft.rfft(w).abs()
-    return torch.cat([r, r[1:d - d // 2].flip(0)])
+    return torch.cat([r, r[..., 1:d - d // 2].flip(-1)], -1)
+
+
+FOUR_STEP_MIN_PRIME = 31   # below it torch's mixed-radix FFT is fast already (65,536: rfft 3.8 ms, four-step 4.1)
+
+
+def _largest_prime_factor(d: int) -> int:
+    p, f, x = 1, 2, d
+    while f * f <= x:
+        while x % f == 0:
+            p, x = f, x // f
+        f += 1
+    return max(p, x)
+
+
+@functools.lru_cache(maxsize=16)
+def _twiddles(n1: int, n2: int, dtype, device) -> torch.Tensor:
+    """exp(-2 pi i k1 n2' / (n1 n2)) for k1 < n1, n2' < n2, computed in float64 (a pure function: cached)."""
+    k1 = torch.arange(n1, dtype=torch.float64)[:, None]
+    j = torch.arange(n2, dtype=torch.float64)[None, :]
+    ang = (-2 * math.pi / (n1 * n2)) * torch.remainder(k1 * j, n1 * n2)
+    return torch.polar(torch.ones_like(ang), ang).to(dtype=dtype, device=device)
+
+
+def _four_step_dft(w: torch.Tensor, n1: int) -> torch.Tensor:
+    """The complex DFT of the last axis of `w` (length d = n1 n2) by Cooley-Tukey's four-step rule:
+    with n = n2' + n2 n1' and k = k1 + n1 k2, z_k = sum_n2' W_d^(n2' k1) W_n2^(n2' k2)
+    sum_n1' w_(n2 n1' + n2') W_n1^(n1' k1): n2 FFTs of length n1, twiddles, n1 FFTs of length n2."""
+    d = w.shape[-1]
+    n2 = d // n1
+    cdtype = torch.complex128 if w.dtype == torch.float64 else torch.complex64
+    a = torch.fft.fft(w.reshape(*w.shape[:-1], n1, n2), dim=-2) * _twiddles(n1, n2, cdtype, w.device)
+    return torch.fft.fft(a, dim=-1).transpose(-1, -2).reshape(*w.shape[:-1], d)
 
 
 def truncate(s: torch.Tensor, tau: float) -> torch.Tensor:

@@ -162,6 +162,23 @@ def test_local_train_many_steps_cap_and_trainable_subset():
         assert torch.equal(gs["0.weight"], starts[i]["0.weight"])   # frozen: untouched
 
 
+def test_local_train_many_per_client_steps():
+    """A list of `steps` caps each client on its own (the wait-free clock gives each PM its own budget);
+    None in the list means the client's full `epochs`."""
+    x, y = _data("mlp")
+    sizes = [30, 12, 50]
+    index = _indices(sizes, len(y), seed=3)
+    starts = [_mlp(30 + i).state_dict() for i in range(3)]
+    seeds, caps = [4, 5, 6], [7, None, 2]
+    got = _batched(_mlp, starts, x, y, index, seeds, epochs=2, steps=caps, **OPT)
+    for i, cap in enumerate(caps):
+        (ws, wst), = _per_client(_mlp, [starts[i]], x, y, [index[i]], [seeds[i]], epochs=2, steps=cap, **OPT)
+        gs, gst = got[i]
+        _assert_stats_equal(gst, wst, f"client {i}: ")
+        assert gst.steps == (cap if cap is not None else 2 * math.ceil(sizes[i] / OPT["batch_size"]))
+        _assert_states_close(gs, ws, what=f"client {i}: ")
+
+
 # ---------------------------------------------------------------- 2. finished clients are left alone
 def test_finished_clients_are_not_touched_afterwards():
     """Client 0 has 1 step per epoch (6 samples), client 1 has 7 (50 samples): client 0 stops after
@@ -363,6 +380,8 @@ _HP = {"fedavg_ft": {"ft_epochs": 1}, "fedprox_ft": {"ft_epochs": 1}, "scaffold_
        "feddf": {"distill_steps": 3}}
 _EXTRA = {"feddf": {"public": {"size": 40}}}     # algorithms that distil on an unlabeled public set
 _VARIANTS = [
+    # wait-free with the window budget: each client's PM gets its own step count, still one batched call
+    ("scd", {}, {"clock": {"protocol": "wait_free", "pm_budget": "window"}}),
     ("pfedsd", {"teacher": "stored"}, {}),
     ("pfedsd", {"teacher": "recompute", "teacher_mode": "eval"}, {}),
     ("pfedsd", {"reg": "ewc", "lam": 0.1}, {}),
@@ -381,8 +400,12 @@ def _id(n, hp, kw):
     return "-".join([n] + [f"{k}={'+'.join(v) if isinstance(v, list) else v}" for k, v in {**hp, **kw}.items()])
 
 
-ROUND_CASES = ([pytest.param(n, _HP.get(n, {}), _EXTRA.get(n, {}), [4, 4], id=n) for n in PLANNED]
-               + [pytest.param(n, hp, kw, [4, 4], id=_id(n, hp, kw)) for n, hp, kw in _VARIANTS]
+# a second plan after the first (`engine.Then`: Ditto's and SCD's PM, FedRep's body): two batched calls a round
+_TWO_PHASE = {"ditto", "scd", "fedrep"}
+ROUND_CASES = ([pytest.param(n, _HP.get(n, {}), _EXTRA.get(n, {}), [4] * (4 if n in _TWO_PHASE else 2), id=n)
+                for n in PLANNED]
+               + [pytest.param(n, hp, kw, [4] * (4 if n in _TWO_PHASE else 2), id=_id(n, hp, kw))
+                  for n, hp, kw in _VARIANTS]
                + [pytest.param(n, hp, kw, [2, 2, 2, 2], id=_id(n, hp, kw)) for n, hp, kw in _HETERO])
 
 
@@ -399,7 +422,7 @@ def test_batched_round_equals_per_client(monkeypatch, algorithm, hparams, extra,
     ref = _run(_round_cfg(algorithm, "per_client", hparams, **extra))
     assert spy.chunks == []                       # the reference never touches the batched engine
     got = _run(_round_cfg(algorithm, "batched", hparams, **extra))
-    assert spy.chunks == chunks, spy.chunks       # the 4 clients trained together (per architecture), each round
+    assert spy.chunks == chunks, spy.chunks       # the 4 clients trained together (per architecture and phase), each round
     _assert_same_history(got, ref)
     _assert_same_states(got, ref)
 

@@ -5,6 +5,7 @@ import pytest
 
 from pflrepro import experiments, report
 from pflrepro.config import ConfigError
+from tests.conftest import FMNIST_AVAILABLE
 
 
 @pytest.fixture
@@ -125,8 +126,7 @@ def test_switching_partition_rule_drops_the_other_rules_params():
     assert merge_run(base, {"partition_params": {"min_frac": 0.3}})["partition_params"] == {"alpha": 0.1, "min_frac": 0.3}
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"),
-                    reason="needs offline Fashion-MNIST")
+@pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
 def test_train_notebooks_trains_shared_runs_once_and_lists_them(params_dir, store):
     (params_dir / "parent.yaml").write_text(PARENT.replace("n_clients: 4", "n_clients: 4, subsample: 0.01")
                                             .replace("seeds: [0, 1]", "seeds: [0]"))

@@ -10,7 +10,7 @@ from pflrepro.algorithms import ALGORITHMS
 from pflrepro.algorithms.fedbsd import feature_kd
 from pflrepro.algorithms.fedrod import RoD, bsm_loss, rod_losses
 from pflrepro.config import RunConfig
-from pflrepro.engine import clone_state, run_rounds
+from pflrepro.engine import Then, clone_state, run_rounds
 from pflrepro.runs import build_context, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
@@ -31,6 +31,14 @@ def _moved(a: dict, b: dict, names) -> bool:
     return all(not torch.equal(a[n], b[n]) for n in names)
 
 
+def _resolve(ctx, out, k=0, rnd=1):
+    """Train every further plan that `finish` answers (`Then`), client by client, as the engine does."""
+    while isinstance(out, Then):
+        net = ctx.model(k, out.plan.start)
+        out = out.done(net.state_dict(), ctx.train_plan(net, k, rnd, out.plan))
+    return out
+
+
 # ---------------------------------------------------------------- FedRep
 @needs_fmnist
 def test_fedrep_trains_the_head_then_the_body_and_uploads_the_body():
@@ -39,18 +47,17 @@ def test_fedrep_trains_the_head_then_the_body_and_uploads_the_body():
     server = algo.server_init()
     g = server["params"]
     body = [n for n in g if n not in HEAD]
-    calls = []
-    train = ctx.train
-    ctx.train = lambda *a, **kw: calls.append(kw) or train(*a, **kw)   # records the body phase's settings
     plan = algo.plan(1, 0, server, None)                  # phase 1: the head only
     assert plan.purpose == 0 and {n for n in g if plan.trainable(n)} == HEAD
     net = ctx.model(0, plan.start)
     stats = ctx.train_plan(net, 0, 1, plan)
     after_head = clone_state(net.state_dict())
     assert _same(after_head, g, body) and _moved(after_head, g, HEAD)
-    up, st = algo.finish(1, 0, server, None, after_head, stats)   # phase 2: the body only, then upload
-    (kw,) = calls[1:]
-    assert kw["purpose"] == 1 and {n for n in g if kw["trainable"](n)} == set(body)  # own seed stream
+    then = algo.finish(1, 0, server, None, after_head, stats)   # phase 2: a second plan, the body only
+    assert isinstance(then, Then)
+    assert then.plan.purpose == 1 and {n for n in g if then.plan.trainable(n)} == set(body)  # own seed stream
+    assert _same(then.plan.start, after_head, g)
+    up, st = _resolve(ctx, then)
     assert set(up.payload) == set(body) and set(st["personal"]) == HEAD
     assert _moved(up.payload, g, body)
     assert _same(st["personal"], after_head, HEAD)        # the head did not move in the body phase
@@ -92,7 +99,7 @@ def test_fedbsd_phases_and_upload():
         net = ctx.model(0, plan.start)
         stats = ctx.train_plan(net, 0, 1, plan)
         after_head = clone_state(net.state_dict())
-        up, st = algo.finish(1, 0, server, None, after_head, stats)
+        up, st = _resolve(ctx, algo.finish(1, 0, server, None, after_head, stats))
         assert set(up.payload) == set(body) and set(st["personal"]) == HEAD
         assert _same(st["personal"], after_head, HEAD)           # the head is still in the backbone phase
         return up.payload

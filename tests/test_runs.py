@@ -110,3 +110,28 @@ def test_code_fingerprint_covers_every_module_a_run_executes():
     reached = seen - {"__init__.py"} - set(runs._NO_RESULT_EFFECT)
     assert reached <= set(runs._RESULT_CODE), reached - set(runs._RESULT_CODE)
     assert {"engine.py", "batched.py", "runs.py"} <= reached
+
+
+def test_git_dirty_ignores_what_the_pipeline_rewrites(tmp_path, monkeypatch):
+    """`dvc repro` rewrites dvc.lock, metrics/ and README's summary: a checkout is not called dirty for those,
+    but is for any other tracked change (code, params, notebooks)."""
+    import pflrepro.runs as runs_mod
+
+    def git(*a):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=tmp_path, check=True,
+                       capture_output=True)
+    for f in ("dvc.lock", "README.md", "metrics/a.json", "pflrepro/x.py"):
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("0\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    monkeypatch.setattr(runs_mod, "REPO_ROOT", tmp_path)
+    assert runs_mod.git_commit()["dirty"] is False
+    for f in ("dvc.lock", "README.md", "metrics/a.json"):
+        (tmp_path / f).write_text("1\n")
+    (tmp_path / "new_untracked.py").write_text("1\n")
+    g = runs_mod.git_commit()
+    assert g["dirty"] is False and len(g["commit"]) == 40
+    (tmp_path / "pflrepro/x.py").write_text("1\n")
+    assert runs_mod.git_commit()["dirty"] is True

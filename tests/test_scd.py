@@ -50,6 +50,26 @@ def test_spectrum_and_normalisation_hand_computed():
         assert torch.allclose(spectrum({"w": w}, ["w"]), torch.fft.fft(w).abs())
 
 
+@pytest.mark.parametrize("d", [2 * 37, 3 * 41 * 4, 44190])   # largest prime factor > 31: the four-step rule
+def test_four_step_dft_is_the_dft(d):
+    from pflrepro.spectral import _four_step_dft, _largest_prime_factor
+    w = torch.randn(d, dtype=torch.float64)
+    p = _largest_prime_factor(d)
+    assert d % p == 0 and p > 31
+    assert torch.allclose(_four_step_dft(w, p), torch.fft.fft(w), atol=1e-9)
+    assert torch.allclose(spectrum({"w": w}, ["w"]), torch.fft.fft(w).abs(), atol=1e-9)
+    w32 = w.float()                                             # float32: the DFT up to float rounding
+    assert torch.allclose(spectrum({"w": w32}, ["w"]), torch.fft.fft(w).abs().float(), rtol=1e-4, atol=1e-4)
+    # a batch of vectors (vmap and the batched engine stack clients on a leading axis)
+    W = torch.randn(3, d, dtype=torch.float64)
+    assert torch.allclose(_four_step_dft(W, p), torch.fft.fft(W, dim=-1), atol=1e-9)
+
+
+def test_largest_prime_factor_hand_computed():
+    from pflrepro.spectral import _largest_prime_factor
+    assert [_largest_prime_factor(d) for d in (1, 2, 12, 491, 44190, 65536, 11169152)] == [1, 2, 3, 491, 491, 2, 1229]
+
+
 def test_fft2d_layer_mode_is_a_2d_fft_per_layer():
     w = torch.tensor([[1.0, 2.0], [3.0, 4.0]])               # fft2: [[10, -2], [-4, 0]]
     b = torch.tensor([1.0, -1.0])                             # fft:  [0, 2]

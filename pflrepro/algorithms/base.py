@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..config import Param, check_params
-from ..engine import Context, Plan, ce_loss, clone_state, plain_average, state_bytes, weighted_average
+from ..engine import Context, Plan, ce_loss, clone_state, plain_average, state_bytes, train_chain, weighted_average
 
 
 @dataclass
@@ -81,14 +81,12 @@ class Algorithm:
 
     def finish(self, rnd: int, k: int, server: dict, cstate: dict | None, state: dict, stats) -> tuple[Update, dict | None]:
         """Message and new client state from the trained `state` (a state dict that the engine
-        reuses afterwards: clone what is kept)."""
+        reuses afterwards: clone what is kept); or `engine.Then(plan, done)` to train once more first."""
         return self.upload(k, state, stats, server), None
 
     def client_update(self, rnd: int, k: int, server: dict, cstate: dict | None) -> tuple[Update, dict | None]:
-        plan = self.plan(rnd, k, server, cstate)
-        net = self.ctx.model(k, plan.start)
-        stats = self.ctx.train_plan(net, k, rnd, plan)
-        return self.finish(rnd, k, server, cstate, net.state_dict(), stats)
+        return train_chain(self.ctx, k, rnd, self.plan(rnd, k, server, cstate),
+                           lambda state, stats: self.finish(rnd, k, server, cstate, state, stats))
 
     def upload(self, k: int, net, stats, server: dict, keys=None) -> Update:
         """Update carrying `keys` (default: all) of the trained model (`net`: a module or a state dict)."""

@@ -7,14 +7,15 @@ Algorithm 1, per selected client k in round t, which receives the global model w
     step v <- v - eta (grad F_k(v) + lam (v - w^t)), anchored at the w^t the client RECEIVED this round.
 v_k starts from the common initial weights (the code initialises local models like the global one) and
 is kept per client. Order within a round: GM first, then PM (SCD's "compute-and-wait" protocol); the GM
-is batchable (`plan`), the PM is trained client by client in `finish` with its own data order
-(purpose 3). `train_personal` is the reusable "then train the PM" step (SCD trains GM then PM too).
+is batchable (`plan`), and so is the PM, which `finish` answers as a second plan (`engine.Then`) with its
+own data order (purpose 3). `personal_plan`/`then_personal` are the reusable "then train the PM" step
+(SCD trains GM then PM too).
 """
 from __future__ import annotations
 
 from ..clock import steps_per_epochs
 from ..config import Param
-from ..engine import TrainStats, batchable, ce_loss, clone_state
+from ..engine import Plan, Then, batchable, ce_loss, clone_state
 from .base import Algorithm
 
 
@@ -36,26 +37,30 @@ class Ditto(Algorithm):
         up = self.upload(k, state, stats, server)        # w_k^t, copied before the module is reused
         v = cstate["params"] if cstate else self.ctx.initial(k)
         anchor = {n: t.detach() for n, t in server["params"].items()}   # w^t as received
-        v, pstats = self.train_personal(rnd, k, v, self.prox, {"anchor": anchor})
-        up.samples += pstats.samples
-        up.overlap_samples = pstats.samples               # the PM phase, after the GM (pflrepro.clock)
-        return up, {"params": v}
+        return self.then_personal(rnd, k, up, self.personal_plan(k, v, self.prox, {"anchor": anchor}))
 
-    def train_personal(self, rnd: int, k: int, start: dict, loss, aux: dict | None = None,
-                       epochs: int | None = None) -> tuple[dict, TrainStats]:
-        """Client k's PM step: `start` trained on its data with `loss` (a batchable term fed `aux`) for
-        `epochs` (default `pm_epochs`, 0 = local_epochs), data order from seed stream purpose 3; under the
-        run clock's wait-free `window` budget, only the steps that fit before the next global model
-        arrives (`Clock.pm_steps`). Returns the trained state (a copy) and the training stats."""
+    def personal_plan(self, k: int, start: dict, loss, aux: dict | None = None, epochs: int | None = None) -> Plan:
+        """Client k's PM step as a Plan: `start` trained on its data with `loss` (a batchable term fed `aux`)
+        for `epochs` (default `pm_epochs`, 0 = local_epochs), data order from seed stream purpose 3; under
+        the run clock's wait-free `window` budget, only the steps that fit before the next global model
+        arrives (`Clock.pm_steps`)."""
         epochs = epochs if epochs is not None else (self.hp.get("pm_epochs") or self.ctx.cfg.local_epochs)
         steps, clock = None, getattr(self.ctx, "clock", None)
         if clock is not None:
             cap = steps_per_epochs(len(self.ctx.data.train[k]), self.ctx.cfg.batch_size, epochs)
             steps = clock.pm_steps(k, self.ctx.cfg.batch_size, cap)
             steps = None if steps >= cap else steps       # the whole budget: exactly the epochs' batches
-        net = self.ctx.model(k, start)
-        stats = self.ctx.train(net, k, rnd, loss=loss, epochs=epochs, steps=steps, aux=aux, purpose=3)
-        return clone_state(net.state_dict()), stats
+        return Plan(start=start, loss=loss, aux=aux or {}, epochs=epochs, steps=steps, purpose=3)
+
+    @staticmethod
+    def then_personal(rnd: int, k: int, up, plan: Plan) -> Then:
+        """Train the PM `plan` after the GM (the engine batches all clients' PM plans), then reply `up`, its
+        samples counted as PM-phase samples (pflrepro.clock), and keep the trained PM as the client state."""
+        def done(state, pstats):
+            up.samples += pstats.samples
+            up.overlap_samples = pstats.samples           # the PM phase, after the GM (pflrepro.clock)
+            return up, {"params": clone_state(state)}
+        return Then(plan, done)
 
     @batchable
     def prox(self, m, x, y, aux):

@@ -11,13 +11,13 @@ epochs first, then `local_rep_ep`; FedBSD: one body epoch for CIFAR-10 with S = 
 Each phase is one call of the training primitive with its own seed stream (`purpose` 0 and 1) and
 its own optimiser: the head is exactly still while the body trains (FedRep's code keeps one SGD
 across both phases, so momentum and weight decay nudge the frozen head a little; see docs/fidelity.md).
-A `Plan` has one trainable set, so the head phase is the plan (batched engine) and the body phase
-runs in `finish`, client by client (as Ditto's PM step).
+A `Plan` has one trainable set, so the head phase is the plan and the body phase a second plan that
+`finish` answers (`engine.Then`, as Ditto's PM step); the batched engine trains each phase for all clients.
 """
 from __future__ import annotations
 
 from ..config import Param
-from ..engine import Plan, TrainStats
+from ..engine import Plan, Then, TrainStats, clone_state
 from .partial import FedPer
 
 
@@ -44,10 +44,16 @@ class FedRep(FedPer):
         return Plan(start=self.local_state(k, server, cstate), trainable=self.is_head, epochs=self.hp["head_epochs"])
 
     def finish(self, rnd, k, server, cstate, state, stats):
-        """Phase 2: train the body only, then FedPer's message (the body) and client state (the head)."""
-        net = self.ctx.model(k, state)
-        body = self.ctx.train(net, k, rnd, trainable=self.is_shared, epochs=self.hp["body_epochs"], purpose=1)
-        n = stats.samples + body.samples
-        both = TrainStats(loss=(stats.loss * stats.samples + body.loss * body.samples) / max(n, 1),
-                          steps=stats.steps + body.steps, samples=n)
-        return super().finish(rnd, k, server, cstate, net.state_dict(), both)
+        """Phase 2: train the body only (a second plan, batched across clients), then FedPer's message (the
+        body) and client state (the head)."""
+        body = Plan(start=clone_state(state), trainable=self.is_shared, epochs=self.hp["body_epochs"], purpose=1)
+        return self.then_body(rnd, k, server, cstate, stats, body)
+
+    def then_body(self, rnd, k, server, cstate, stats, body: Plan) -> Then:
+        """After the body `Plan`: FedPer's message and client state, with both phases' statistics."""
+        def done(state, bstats):
+            n = stats.samples + bstats.samples
+            both = TrainStats(loss=(stats.loss * stats.samples + bstats.loss * bstats.samples) / max(n, 1),
+                              steps=stats.steps + bstats.steps, samples=n)
+            return FedPer.finish(self, rnd, k, server, cstate, state, both)
+        return Then(body, done)

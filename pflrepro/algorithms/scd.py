@@ -12,7 +12,7 @@ s = |DFT| of the weight vector, D(p || q) = sum p log p - p log q (pflrepro.spec
 argument of each D is the teacher: computed once per phase from a fixed model, detached; the first is
 the model being trained, differentiable through torch.fft.
 
-Structurally this is Ditto's round (GM first, then PM; `Ditto.train_personal`) with both loss terms
+Structurally this is Ditto's round (GM first, then PM; `Ditto.personal_plan`) with both loss terms
 replaced. The protocol (compute-and-wait or wait-free, Sec. 3.4) changes only when the PM trains, which
 the run's simulated clock accounts for (`clock: {protocol: wait_free}`, pflrepro.clock).
 `code_prox` adds the authors' code's un-squared proximal term to the PM loss (the paper does not mention it;
@@ -81,10 +81,7 @@ class SCD(Ditto):
         if self.hp["code_prox"] > 0:
             aux["anchor"] = {n: t.detach() for n, t in server["params"].items()}   # the code's net_glob
         loss = self.pm_loss if aux else ce_loss
-        v, pstats = self.train_personal(rnd, k, self.pm_prev(k, cstate), loss, aux)
-        up.samples += pstats.samples
-        up.overlap_samples = pstats.samples
-        return up, {"params": v}
+        return self.then_personal(rnd, k, up, self.personal_plan(k, self.pm_prev(k, cstate), loss, aux))
 
     @batchable
     def pm_loss(self, m, x, y, aux):
