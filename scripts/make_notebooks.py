@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from pflrepro.experiments import read_params  # noqa: E402
+from pflrepro.replication import PAPERS, _paper_of  # noqa: E402
 
 PARAMS = '''# Parameters (papermill injects overrides after this cell)
 profile = None        # None: the profile set in params/{name}.yaml; or smoke, mini, paper
@@ -466,11 +469,10 @@ def _params_chain(name: str) -> list[str]:
     return out
 
 
-PAPER_PREFIXES = ("pfedsd", "dcpfl", "scd", "fedbsd", "perfed_ckt")
-
-
 def _paper(name: str) -> str | None:
-    return next((p for p in PAPER_PREFIXES if name.startswith(p + "_")), None)
+    """The paper a notebook belongs to (replication.PAPERS' keys are the name prefixes), or None."""
+    p = _paper_of(name, PAPERS)
+    return p if p in PAPERS else None
 
 
 def train_stage(paper: str, names: list[str]) -> dict:
@@ -484,8 +486,6 @@ def train_stage(paper: str, names: list[str]) -> dict:
 
 
 def _metric(name: str) -> str:
-    sys.path.insert(0, str(ROOT))
-    from pflrepro.experiments import read_params
     return read_params(name).get("metric", "pm_acc_mean")
 
 
@@ -510,7 +510,7 @@ def write_dvc_yaml() -> None:
     import yaml
     stages = dict(FIXED_STAGES)
     built = [n for n in ["example", *NOTEBOOKS] if (ROOT / "notebooks" / f"{n}.ipynb").exists()]
-    for paper in PAPER_PREFIXES:
+    for paper in PAPERS:
         mine = [n for n in built if _paper(n) == paper]
         if any(n not in NO_RUN for n in mine):
             stages[f"train_{paper}"] = train_stage(paper, mine)
@@ -525,9 +525,9 @@ def write_dvc_yaml() -> None:
     }
     # learning curves where DVC users look (`dvc plots show`, `dvc plots diff` between experiments): every training
     # notebook's curves.csv (pflrepro.notebook.plot_curves_csv), one line per curve (template .dvc/plots/curves.json)
-    plots = [{f"results/{n}/curves.csv": {"x": "round", "y": _metric(n), "template": "curves", "title": n,
-                                           "y_label": f"{_metric(n)} (%)"}}
-             for n in built if "metrics" in stages[n]]
+    metric = {n: _metric(n) for n in built if "metrics" in stages[n]}
+    plots = [{f"results/{n}/curves.csv": {"x": "round", "y": m, "template": "curves", "title": n,
+                                           "y_label": f"{m} (%)"}} for n, m in metric.items()]
     text = yaml.safe_dump({"stages": stages, "plots": plots}, sort_keys=False, width=120).replace(": null", ":")
     (ROOT / "dvc.yaml").write_text(DVC_HEADER + text)
     print("wrote dvc.yaml", len(stages), "stages")

@@ -139,3 +139,19 @@ def test_bench_jobs_quick(tmp_path):
     for r in rows:
         assert int(r["runs"]) == 3 and float(r["seconds"]) > 0 and float(r["speedup"]) > 0, r
     assert float(rows[0]["speedup"]) == 1.0
+
+
+def test_bench_spectrum_quick(tmp_path):
+    """The spectral-term benchmark runs in-process on LeNet's length: both paths give the same spectrum and
+    every timing and ratio is a positive finite number (the speed itself is the benchmark's to report)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_spectrum
+    finally:
+        sys.path.pop(0)
+    (row,) = bench_spectrum.main(["--quick", "--repeats", "1", "--out", str(tmp_path)])
+    assert row["length"] == 44190 and row["largest_prime"] == 491
+    assert row["max_rel_diff"] < 1e-5
+    for k in ("rfft_ms", "pflrepro_ms", "ratio", "rfft_vmap20_ms", "pflrepro_vmap20_ms", "vmap_ratio"):
+        assert math.isfinite(row[k]) and row[k] > 0, k
+    assert (tmp_path / "bench_spectrum.csv").read_text().startswith("workload,")
