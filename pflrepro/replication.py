@@ -176,10 +176,10 @@ def _distinct_wall(stages: list[Stage]) -> float:
     return sum(seen.values())
 
 
-def summarize(papers: dict[str, list[Stage]], rows: list[dict], has_claims: set | dict) -> list[dict]:
+def summarize(papers: dict[str, list[Stage]], rows: list[dict], docs: dict[str, dict]) -> list[dict]:
     """One row per (paper, profile of the outputs) with the claims evaluated on those outputs; the claims
-    on stages not reproduced yet, and those stages, in a row of their own. `has_claims`: the papers with a
-    claims file, or {paper: its claims file} whose `scale_notes[profile]` becomes that row's note."""
+    on stages not reproduced yet, and those stages, in a row of their own. `docs`: {paper: its claims file},
+    whose `scale_notes[profile]` becomes that row's note."""
     out = []
     for paper, stages in papers.items():
         profile_of = {st.name: st.profile if st.exists else NOT_REPRODUCED for st in stages}
@@ -192,9 +192,7 @@ def summarize(papers: dict[str, list[Stage]], rows: list[dict], has_claims: set 
             mine = [r for r in prows if profile_of[r["stage"]] == prof]
             if prof == NOT_REPRODUCED and not sts and not mine and profiles:
                 continue
-            note = "" if paper in has_claims else "no claims file yet"
-            if isinstance(has_claims, dict) and paper in has_claims:
-                note = (has_claims[paper].get("scale_notes") or {}).get(prof, "")
+            note = (docs[paper].get("scale_notes") or {}).get(prof, "") if paper in docs else "no claims file yet"
             out.append({"paper": paper, "title": PAPERS.get(paper, paper), "profile": prof, "stages": len(sts),
                         **_counts(mine), "claims": len(mine),
                         "compute_s": round(_distinct_wall(sts), 1) if prof != NOT_REPRODUCED else None,
@@ -342,7 +340,8 @@ def _git_now() -> str:
 
 
 def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: list[dict], results_root: Path,
-                    out_dir: Path) -> str:
+                    out_dir: Path, scale_notes: dict[str, dict] | None = None) -> str:
+    """The whole report; `scale_notes`: {paper: {profile: why its claims cannot show at that scale}}."""
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     parts = ["# Reproduction report\n",
              f"Generated {now} by `python -m pflrepro report` (code at {_git_now()}) from `{results_root}`.\n",
@@ -354,12 +353,9 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
              "offline stand-in data: its verdicts speak about trends there, not about the paper's numbers. "
              "Compute: the wall time of the distinct runs the outputs used.\n",
              summary_markdown(summary)]
-    notes = {r["paper"]: {} for r in summary}
-    for r in summary:
-        if r["note"] and r["note"] != "no claims file yet":
-            notes[r["paper"]][r["profile"]] = r["note"]
     for paper, stages in papers.items():
-        parts.append(paper_markdown(paper, stages, [r for r in rows if r["paper"] == paper], out_dir, notes.get(paper)))
+        parts.append(paper_markdown(paper, stages, [r for r in rows if r["paper"] == paper], out_dir,
+                                    (scale_notes or {}).get(paper)))
     return "\n".join(parts)
 
 
@@ -416,7 +412,8 @@ def write_report(results_root: Path, figures_root: Path, out_dir: Path) -> dict:
     papers = {p: [load_stage(n, p, results_root, figures_root) for n in names]
               for p, names in expected_stages(results_root, docs).items()}
     summary = summarize(papers, rows, {d["paper"]: d for d in docs})
-    md = report_markdown(papers, rows, summary, results_root, out_dir)
+    md = report_markdown(papers, rows, summary, results_root, out_dir,
+                         {d["paper"]: d.get("scale_notes") or {} for d in docs})
     paths = {"markdown": out_dir / "report.md", "html": out_dir / "report.html",
              "summary_csv": out_dir / "summary.csv", "summary_md": out_dir / "summary.md"}
     paths["markdown"].write_text(md)

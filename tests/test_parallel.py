@@ -1,6 +1,12 @@
 """Runs side by side (pflrepro.parallel): same bits as one after another, resumable, clear failures."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -114,3 +120,38 @@ def test_a_worker_that_crashes_reports_the_end_of_its_stderr(capsys):
         w.train(RunConfig.from_dict(small_cfg()), None)
     w.close()
     assert "JSONDecodeError" in capsys.readouterr().err  # passed on to our stderr as it came
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_worker_does_not_outlive_its_parent(tmp_path):
+    """A `train` process killed outright (SIGKILL: no handler runs) must not leave its run worker training on.
+    A busy worker never reads its stdin, so the end of that pipe cannot stop it; here a grandchild (`sleep`)
+    holds the pipe open in its place, so only the parent-death signal can end the worker."""
+    code = ("import os, signal, subprocess, time\nfrom pflrepro.parallel import Worker\nw = Worker(1)\n"
+            "os.set_inheritable(w.proc.stdin.fileno(), True)\n"
+            "holder = subprocess.Popen(['sleep', '60'], close_fds=False)\n"
+            "print(w.proc.pid, holder.pid, flush=True)\ntime.sleep(3)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(Path(parallel.__file__).resolve().parents[1])})
+    pid, holder = map(int, parent.stdout.readline().split())
+    try:
+        assert _alive(pid)
+        parent.wait(timeout=60)
+        deadline = time.time() + 20
+        while _alive(pid) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not _alive(pid), f"worker {pid} outlived its parent"
+    finally:
+        for p in (pid, holder):
+            try:
+                os.kill(p, 9)
+            except ProcessLookupError:
+                pass

@@ -12,8 +12,9 @@ averaged by n_k) with the backbone phase replaced by self-distillation:
 Our copy of the paper lost its equations and values: a = 0.5 is its "equal contribution"; T, the T^2 factor
 (Hinton et al.'s convention, as pFedSD's code), where the student starts and the teacher's mode are
 documented choices (docs/fidelity.md "FedBSD") and hyperparameters here.
-The backbone phase runs client by client in `finish` (as FedRep's), its loss reading the backbone's
-features, which a batched loss term does not see.
+The backbone phase runs client by client inside `finish` (FedRep's body phase is a second plan the
+engine batches, `engine.Then`; this one is not): its loss reads the backbone's features through the
+module, which a batched loss term (`engine.ModelView`) does not see.
 """
 from __future__ import annotations
 
