@@ -75,14 +75,19 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--repeats", type=int, default=None, help="timed repetitions, the fastest counts (default 10)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out"))
     a = ap.parse_args(argv)
-    torch.set_num_threads(1)                    # as each run trains under pflrepro.parallel on this machine
     repeats = a.repeats or (3 if a.quick else 10)
     names = ["lenet_fmnist"] if a.quick else list(LENGTHS)
     rows = []
-    for n in names:
-        big = LENGTHS[n] > 1_000_000
-        rows.append(measure(n, LENGTHS[n], 1 if big else repeats, 0 if big else 20))
-        r = rows[-1]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)                    # as each run trains under pflrepro.parallel on this machine
+    try:                                        # restored after: callers in the same process (tests) keep theirs
+        for n in names:
+            big = LENGTHS[n] > 1_000_000
+            rows.append(measure(n, LENGTHS[n], 1 if big else repeats, 0 if big else 20))
+    finally:
+        torch.set_num_threads(before)
+    for r in rows:
+        n = r["workload"]
         print(f"{n:13s} d={r['length']:>9,} p={r['largest_prime']:>5}: rfft {r['rfft_ms']:9.2f} ms, pflrepro "
               f"{r['pflrepro_ms']:9.2f} ms, ratio {r['ratio']:.2f}x"
               + (f"; vmap x20 ratio {r['vmap_ratio']:.2f}x" if "vmap_ratio" in r else "")

@@ -149,7 +149,10 @@ def test_bench_spectrum_quick(tmp_path):
         import bench_spectrum
     finally:
         sys.path.pop(0)
+    import torch
+    threads = torch.get_num_threads()
     (row,) = bench_spectrum.main(["--quick", "--repeats", "1", "--out", str(tmp_path)])
+    assert torch.get_num_threads() == threads     # in-process: the thread count it set is given back
     assert row["length"] == 44190 and row["largest_prime"] == 491
     assert row["max_rel_diff"] < 1e-5
     for k in ("rfft_ms", "pflrepro_ms", "ratio", "rfft_vmap20_ms", "pflrepro_vmap20_ms", "vmap_ratio"):
