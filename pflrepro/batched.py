@@ -44,7 +44,7 @@ from torch import nn
 from torch.func import grad_and_value, vmap
 
 from .engine import (Context, Divergence, ModelView, Plan, Then, TrainStats, ce_loss, derive_seed, is_batchable,
-                     train_mode)
+                     train_mode, train_one)
 
 
 class NotBatchable(RuntimeError):
@@ -600,8 +600,7 @@ def train_plans(ctx: Context, rnd: int, plans: dict, on_trained) -> None:
                 on_trained(k, state, stats)
             del outs
     for k in singles:                    # the per-client path, as Algorithm.client_update runs it
-        net = ctx.model(k, plans[k].start)
-        on_trained(k, net.state_dict(), ctx.train_plan(net, k, rnd, plans[k]))
+        on_trained(k, *train_one(ctx, k, rnd, plans[k]))
 
 
 def _train_chunk(ctx: Context, rnd: int, ks: list[int], plans: list[Plan]):

@@ -138,11 +138,17 @@ def train_chain(ctx: "Context", k: int, rnd: int, plan: Plan, done: Callable):
     """The per-client path of a client step: train `plan`, call `done(state, stats)`, and train every `Then`
     it answers, until the (Update, client state) pair."""
     while True:
-        net = ctx.model(k, plan.start)
-        out = done(net.state_dict(), ctx.train_plan(net, k, rnd, plan))
+        out = done(*train_one(ctx, k, rnd, plan))
         if not isinstance(out, Then):
             return out
         plan, done = out.plan, out.done
+
+
+def train_one(ctx: "Context", k: int, rnd: int, plan: Plan) -> tuple:
+    """Client k's `plan` trained on its own module: (state, TrainStats); `state` is valid until k's module trains
+    again (clone what is kept)."""
+    net = ctx.model(k, plan.start)
+    return net.state_dict(), ctx.train_plan(net, k, rnd, plan)
 
 
 def derive_seed(*parts: int) -> int:

@@ -35,6 +35,15 @@ SCHEDULE_SCHEMA: dict[str, Param] = {
 }
 
 
+def trained_share(cfg) -> float:
+    """The share of the clients whose training a server step takes: the sampled share of a round, or one (FedAsync)
+    or K (FedBuff) arrivals of n clients (pflrepro.parallel.work's estimate)."""
+    p = {k: cfg.schedule.get(k, v.default) for k, v in SCHEDULE_SCHEMA.items()}
+    if p["mode"] == "sync":
+        return cfg.participation
+    return min(1.0, (1 if p["mode"] == "fedasync" else p["buffer"]) / cfg.n_clients)
+
+
 class Synchronous:
     """FedAvg's rounds: the sampled clients train, the server waits for all of them."""
     asynchronous = False

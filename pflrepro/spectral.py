@@ -67,6 +67,7 @@ def _real_dft_magnitude(w: torch.Tensor) -> torch.Tensor:
 FOUR_STEP_MIN_PRIME = 31   # below it torch's mixed-radix FFT is fast already (65,536: rfft 3.8 ms, four-step 4.1)
 
 
+@functools.lru_cache(maxsize=64)
 def _largest_prime_factor(d: int) -> int:
     p, f, x = 1, 2, d
     while f * f <= x:

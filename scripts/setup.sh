@@ -30,6 +30,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q torch==2.14.1 torchvision==0.29.1
   "$VENV/bin/python" -m pip install -q -e '.[dev]'
   "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
+  # jsonschema's optional IRI format checker (pulled in by jupyter-events) builds its grammar at import: 2.9 s
+  # added to every papermill call (nbformat imports jsonschema), about 2 minutes of a default repro. Nothing here
+  # validates IRIs; jsonschema skips that format without it.
+  "$VENV/bin/python" -m pip uninstall -q -y rfc3987-syntax >/dev/null 2>&1 || true
   touch "$stamp"
 fi
 

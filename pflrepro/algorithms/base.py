@@ -40,8 +40,14 @@ class Algorithm:
 
     @classmethod
     def relative_cost(cls, hparams: dict) -> float:
-        """Compute per local sample relative to FedAvg; only orders a grid's runs (longest first)."""
+        """Compute per local sample relative to FedAvg; only orders a grid's runs (longest first) and weighs the
+        progress estimate (pflrepro.parallel.work)."""
         return 1.0
+
+    @classmethod
+    def server_work(cls, cfg) -> float:
+        """The server's compute per round in sample passes (one image forward and backward), beside the clients'."""
+        return 0.0
 
     def __init__(self, ctx: Context, **hparams):
         self.ctx = ctx

@@ -37,7 +37,7 @@ class Ditto(Algorithm):
         up = self.upload(k, state, stats, server)        # w_k^t, copied before the module is reused
         v = cstate["params"] if cstate else self.ctx.initial(k)
         anchor = {n: t.detach() for n, t in server["params"].items()}   # w^t as received
-        return self.then_personal(rnd, k, up, self.personal_plan(k, v, self.prox, {"anchor": anchor}))
+        return self.then_personal(up, self.personal_plan(k, v, self.prox, {"anchor": anchor}))
 
     def personal_plan(self, k: int, start: dict, loss, aux: dict | None = None, epochs: int | None = None) -> Plan:
         """Client k's PM step as a Plan: `start` trained on its data with `loss` (a batchable term fed `aux`)
@@ -53,7 +53,7 @@ class Ditto(Algorithm):
         return Plan(start=start, loss=loss, aux=aux or {}, epochs=epochs, steps=steps, purpose=3)
 
     @staticmethod
-    def then_personal(rnd: int, k: int, up, plan: Plan) -> Then:
+    def then_personal(up, plan: Plan) -> Then:
         """Train the PM `plan` after the GM (the engine batches all clients' PM plans), then reply `up`, its
         samples counted as PM-phase samples (pflrepro.clock), and keep the trained PM as the client state."""
         def done(state, pstats):

@@ -47,11 +47,8 @@ class FedRep(FedPer):
         """Phase 2: train the body only (a second plan, batched across clients), then FedPer's message (the
         body) and client state (the head)."""
         body = Plan(start=clone_state(state), trainable=self.is_shared, epochs=self.hp["body_epochs"], purpose=1)
-        return self.then_body(rnd, k, server, cstate, stats, body)
 
-    def then_body(self, rnd, k, server, cstate, stats, body: Plan) -> Then:
-        """After the body `Plan`: FedPer's message and client state, with both phases' statistics."""
-        def done(state, bstats):
+        def done(state, bstats):   # after the body: FedPer's message and client state, both phases' statistics
             n = stats.samples + bstats.samples
             both = TrainStats(loss=(stats.loss * stats.samples + bstats.loss * bstats.samples) / max(n, 1),
                               steps=stats.steps + bstats.steps, samples=n)

@@ -81,7 +81,7 @@ class SCD(Ditto):
         if self.hp["code_prox"] > 0:
             aux["anchor"] = {n: t.detach() for n, t in server["params"].items()}   # the code's net_glob
         loss = self.pm_loss if aux else ce_loss
-        return self.then_personal(rnd, k, up, self.personal_plan(k, self.pm_prev(k, cstate), loss, aux))
+        return self.then_personal(up, self.personal_plan(k, self.pm_prev(k, cstate), loss, aux))
 
     @batchable
     def pm_loss(self, m, x, y, aux):
