@@ -27,7 +27,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "[setup] building $VENV (torch 2.14.1, torchvision 0.29.1, the package and its tools)"
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  "$VENV/bin/python" -m pip install -q torch==2.14.1 torchvision==0.29.1
+  # TORCH_INDEX=https://download.pytorch.org/whl/cpu: the CPU-only build, for machines without a GPU (PyPI's
+  # wheel carries 3.2 GB of CUDA libraries: a 6.2 GB .venv). That index is not reachable from our CI machines.
+  "$VENV/bin/python" -m pip install -q torch==2.14.1 torchvision==0.29.1 ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
   "$VENV/bin/python" -m pip install -q -e '.[dev]'
   "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
   # jsonschema's optional IRI format checker (pulled in by jupyter-events) builds its grammar at import: 2.9 s

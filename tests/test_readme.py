@@ -1,0 +1,104 @@
+"""README.md's commands, as written (issue 16): every shell and Python block is read from the README itself and
+either run (at a smaller size where the README's own takes minutes: the substitution is named and must apply) or,
+for what a test cannot afford (`make repro`, `dvc exp run`, which trains the example at mini in a git checkout),
+checked for the files and params keys it names. A README command with no check here fails
+`test_every_readme_command_is_checked`, so a new one cannot go untested."""
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from pflrepro.runs import REPO_ROOT
+from tests.conftest import FMNIST_AVAILABLE
+
+README = (REPO_ROOT / "README.md").read_text()
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README, re.S)
+
+
+def _commands() -> list[str]:
+    """Every command line of the bash blocks: continuations joined, comments and loop keywords dropped."""
+    out = []
+    for block in _blocks("bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#\s.*$", "", line).strip()
+            if line and line not in ("done",) and not line.startswith("for "):
+                out.append(re.sub(r"\s+", " ", line))
+    return out
+
+
+def _kind(cmd: str) -> str | None:
+    for kind, pattern in [("make", r"^make (repro|test)$"), ("cli", r"^python -m pflrepro "),
+                          ("sweep", r"^(mkdir -p results/sweeps/|papermill notebooks/example\.ipynb )"),
+                          ("dvc_set", r"^dvc exp run( --queue)? -S "), ("dvc", r"^dvc (queue start|exp show)")]:
+        if re.search(pattern, cmd):
+            return kind
+    return None
+
+
+def test_every_readme_command_is_checked():
+    cmds = _commands()
+    assert len(cmds) >= 10, cmds
+    assert not [c for c in cmds if _kind(c) is None], "README commands no test covers"
+    make = re.search(r"^test:.*?\n((?:\t.*\n)+)", (REPO_ROOT / "Makefile").read_text(), re.M | re.S)
+    assert make and "pytest" in make.group(1)     # `make test` is the suite; .ci/run calls exactly it
+    assert (REPO_ROOT / ".ci" / "run").read_text().rstrip().endswith("make test")
+    # the papermill sweep is run, two points at once, by tests/test_pipeline.py::test_example_notebook_and_two_
+    # point_sweep with these very arguments
+    sweep = " ".join(c for c in cmds if _kind(c) == "sweep")
+    for part in ("mkdir -p results/sweeps/lr$lr", "-p profile smoke", "-p out_dir results/sweeps/lr$lr",
+                 '-y "{overrides: {base: {lr: $lr}}}"'):
+        assert part in sweep, part
+
+
+def test_readme_dvc_experiments_set_real_params_to_new_values():
+    """`dvc exp run -S file:key=value` names a key the file has, and a value other than the default it already
+    has (the README's mu sweep once repeated the default 0.001 as a 'point')."""
+    sets = [c for c in _commands() if _kind(c) == "dvc_set"]
+    assert sets
+    for cmd in sets:
+        spec = shlex.split(cmd)[shlex.split(cmd).index("-S") + 1]
+        path, assignment = spec.split(":", 1)
+        key, value = assignment.split("=", 1)
+        value = value.replace("$mu", "0.01")   # the loop's first value
+        node = yaml.safe_load((REPO_ROOT / path).read_text())
+        for part in key.split("."):
+            assert isinstance(node, dict) and part in node, f"{cmd}: {path} has no {key}"
+            node = node[part]
+        assert str(node) != value, f"{cmd}: sets {key} to the value it has"
+    loop = re.search(r"for mu in ([\d. ]+); do", README)
+    assert loop and "0.001" not in loop.group(1).split()
+
+
+@pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
+def test_readme_cli_commands_run(tmp_path):
+    """Each `python -m pflrepro ...` line, run as written from a scratch folder; the training example at 1 round
+    instead of the README's 10 (~1.5 min)."""
+    env = {**os.environ, "PFLREPRO_RESULTS": str(tmp_path / "results"), "PYTHONPATH": str(REPO_ROOT)}
+    for cmd in (c for c in _commands() if _kind(c) == "cli"):
+        small = cmd.replace("rounds=10", "rounds=1")
+        assert small != cmd or " run " not in cmd, "the README's training example no longer says rounds=10"
+        argv = [sys.executable, *shlex.split(small)[1:]]
+        r = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, f"{cmd}\n{r.stderr[-2000:]}"
+        assert r.stdout.strip() or any(tmp_path.iterdir()), cmd
+    assert (tmp_path / "part.png").stat().st_size > 0        # the partition command's --out
+
+
+@pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
+def test_readme_python_block_runs(store):
+    """The package example, at 2 rounds instead of 20; its last line reads the summary it prints."""
+    (code,) = [b for b in _blocks("python") if "pflrepro.run(" in b]
+    small = code.replace('"rounds": 20', '"rounds": 2')
+    assert small != code, "the README's Python example no longer says rounds 20"
+    scope: dict = {}
+    exec(compile(small, "README.md", "exec"), scope)
+    s = scope["res"].summary["pm_acc_mean"]
+    assert set(s) >= {"best", "best_round", "last_mean", "final"}      # what the README's comment names
+    assert 0.1 < s["best"] <= 1.0 and 0.0 < s["final"] <= s["best"]
