@@ -39,6 +39,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
+# JupyterLab: saving a notebook of notebooks/ drops its outputs (scripts/jupyter_server_config.py says why);
+# copied on every setup, so an edit to it reaches an existing .venv
+mkdir -p "$VENV/etc/jupyter" && cp scripts/jupyter_server_config.py "$VENV/etc/jupyter/jupyter_server_config.py"
+
 # 3. DVC: analytics off for this repo and this user; make sure Fashion-MNIST loads
 "$VENV/bin/dvc" config --global core.analytics false >/dev/null 2>&1 || true
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
