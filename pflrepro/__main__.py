@@ -7,7 +7,8 @@
     python -m pflrepro partition partition=dirichlet partition_params.alpha=0.1 --out fig.png
     python -m pflrepro claims [--results DIR] [--paper pfedsd] [--on-paper-numbers] [--format markdown]
     python -m pflrepro report [--results DIR] [--figures DIR] [--out DIR]
-    python -m pflrepro train pfedsd_table2 pfedsd_table3 --out results/train/pfedsd.json [--jobs 2]
+    python -m pflrepro train pfedsd_table2 pfedsd_table3 --out results/train/pfedsd.json [--jobs 2] [--executor ray]
+    python -m pflrepro cost pfedsd_table2 [--profile paper]
 """
 from __future__ import annotations
 
@@ -67,10 +68,20 @@ def main(argv=None) -> int:
     t.add_argument("--out", help="write the manifest (JSON) here")
     t.add_argument("--profile", help="instead of each params file's default profile")
     t.add_argument("--jobs", help="runs at once ('auto' or an integer; default $PFLREPRO_JOBS or auto)")
+    t.add_argument("--executor", help="where missing runs train: local (default: $PFLREPRO_EXECUTOR or local), "
+                   "ray, ray:ADDRESS[,cpus=N,gpus=F,shared] (pflrepro.executors)")
     t.add_argument("--progress", default="log", choices=["log", "bars", "none"])
+    c = sub.add_parser("cost", help="what the notebooks' runs cost before they run: training FLOPs, time on this "
+                       "machine (measured rate) and on a GPU (stated rate)")
+    c.add_argument("names", nargs="+", help="notebook names (params/<name>.yaml)")
+    c.add_argument("--profile", default="paper", help="profile to cost (default: paper)")
+    c.add_argument("--jobs", type=int, help="runs at once on this machine (default: auto)")
+    c.add_argument("--missing", action="store_true", help="count only runs not in the store yet")
     a = ap.parse_args(argv)
     if a.cmd == "train":
         return _train(a)
+    if a.cmd == "cost":
+        return _cost(a)
     if a.cmd == "claims":
         return claims.run_cli(a)
     if a.cmd == "report":
@@ -129,6 +140,22 @@ def main(argv=None) -> int:
     return 0
 
 
+def _cost(a) -> int:
+    from . import budget
+    from .config import ConfigError
+    from .experiments import grid, load_profile
+    from .runs import run_dir
+    try:
+        for name in a.names:
+            cfgs = [c for c in grid(load_profile(name, a.profile)).values()
+                    if not (a.missing and (run_dir(c) / "summary.json").exists())]
+            print(budget.describe(budget.grid_cost(cfgs, jobs=a.jobs), f"{name}/{a.profile}"))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _train(a) -> int:
     from pathlib import Path
 
@@ -137,7 +164,7 @@ def _train(a) -> int:
     label = Path(a.out).stem if a.out else "train"
     try:
         manifest = train_notebooks(a.names, a.profile, a.jobs, {"log": "log", "bars": True, "none": False}[a.progress],
-                                   label=label)
+                                   label=label, executor=a.executor)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

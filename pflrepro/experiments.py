@@ -24,6 +24,7 @@ from Table 2's): its profiles are the source's.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import yaml
@@ -131,17 +132,20 @@ def grid(p: dict) -> dict:
 
 
 def run_grid(configs: dict, root: Path | str | None = None, progress: bool | str = True,
-             jobs: int | str | None = None, name: str = "grid") -> dict[tuple, RunResult]:
+             jobs: int | str | None = None, name: str = "grid", executor=None,
+             announce_cost: bool = False) -> dict[tuple, RunResult]:
     """Run (or load from the store) every config. Two keys naming the same config share one run.
 
-    Missing runs train `jobs` at a time (pflrepro.parallel: None = $PFLREPRO_JOBS or "auto").
-    `progress`: True = tqdm bars (one over runs; with one job each run also shows its own), False =
+    Missing runs train on `executor` (pflrepro.executors: None = $PFLREPRO_EXECUTOR or "local"), locally
+    `jobs` at a time (pflrepro.parallel: None = $PFLREPRO_JOBS or "auto"). Each is claimed first, so a second
+    driver on the same store waits for it instead of training it again (executors.Claims). `announce_cost`:
+    first print what the missing runs cost (pflrepro.budget: FLOPs, time here and on a GPU), as for a paper profile.
+    `progress`: True = tqdm bars (one over runs; with one local job each run also shows its own), False =
     nothing, "log" = plain lines to stderr for logs (`dvc repro`: runs done, rounds of the runs in
     flight, time left; pflrepro.progress.GridLog, headed `[name]`)."""
     from contextlib import nullcontext
 
-
-    from . import parallel
+    from . import executors, parallel
     from .progress import GridLog, tqdm
     if progress not in (True, False, "log"):
         raise ValueError(f"progress={progress!r}: True (bars), False (silent) or 'log' (plain lines for logs)")
@@ -151,29 +155,36 @@ def run_grid(configs: dict, root: Path | str | None = None, progress: bool | str
     for key, cfg in configs.items():
         if not (paths[key] / "summary.json").exists():
             todo.setdefault(paths[key], (key, cfg))
+    ex = executors.resolve(executor, jobs, [c for _, c in todo.values()])
+    if announce_cost and todo:
+        from . import budget
+        cost = budget.grid_cost([c for _, c in todo.values()], jobs=getattr(ex, "jobs", None))
+        print(budget.describe(cost, name), file=sys.__stderr__ or sys.stderr, flush=True)
     logging = progress == "log" and bool(todo)
     log = GridLog(name, {p: (f"{k[0]} / {k[1]} s{k[2]}", parallel.work(c)) for p, (k, c) in todo.items()},
                   total=len(set(paths.values())))
-    path_of = {id(c): p for p, (_, c) in todo.items()}
-    n_jobs = parallel.resolve_jobs(jobs, [c for _, c in todo.values()]) if todo else 1
-    with log if logging else nullcontext():
-        if n_jobs > 1:  # even for one missing run: its thread count must not depend on what else is missing
-            bar = tqdm(total=len(todo), desc=f"runs ({n_jobs} at once)", unit="run", disable=not bars)
+    with log if logging else nullcontext(), executors.Claims(todo) as claims:
+        bar = tqdm(total=len(todo), desc=f"runs ({ex.describe()})", unit="run", disable=not bars or not todo)
 
-            def done(cfg):
-                bar.update(1)
-                if logging:
-                    log.done(path_of[id(cfg)])
-            parallel.train_all([c for _, c in todo.values()], root, n_jobs, on_done=done)
-            bar.close()
-        results = {}
-        bar = tqdm(configs.items(), desc="runs", unit="run", disable=not bars or n_jobs > 1)
-        for key, cfg in bar:
-            bar.set_postfix_str(f"{key[0]} / {key[1]} / seed {key[2]}")
-            results[key] = run(cfg, root=root, progress=bars)
-            if logging and n_jobs == 1 and paths[key] in todo:      # trained just now, in this process
-                log.done(paths[key])
-    return results
+        path_of = {id(c): p for p, (_, c) in todo.items()}
+
+        def done(cfg):
+            bar.update(1)
+            if logging:
+                log.done(path_of[id(cfg)])
+
+        def train(ps):
+            if ps:
+                ex.train_all([todo[p][1] for p in ps], root, on_done=done, bars=bars)
+        train(claims.mine)
+        for p in claims.others:   # another driver holds it: wait until it lets go, train it if it died first
+            claims.wait(p)
+            if (p / "summary.json").exists():
+                done(todo[p][1])
+            else:
+                train([p])
+        bar.close()
+    return {key: run(cfg, root=root, progress=False) for key, cfg in configs.items()}
 
 
 def output_dirs(name: str, out_dir: str | None) -> tuple[Path, Path, Path]:
@@ -193,19 +204,21 @@ def output_dirs(name: str, out_dir: str | None) -> tuple[Path, Path, Path]:
 
 
 def train_notebooks(names: list[str], profile: str | None = None, jobs: int | str | None = None,
-                    progress: bool | str = "log", label: str = "train") -> dict:
+                    progress: bool | str = "log", label: str = "train", executor=None) -> dict:
     """Train every run the notebooks `names` need (each at its params file's default profile, or `profile`),
     as one grid: runs shared between tables train once, and all of a paper's runs queue together, longest
     first, so `jobs` processes stay busy instead of waiting at the end of each notebook's short grid.
     The notebooks then find every run stored and only render. Returns the manifest
     {"profile", "notebooks": {name: [run dirs]}}: run directory names are content addresses (config +
     code), so the manifest changes exactly when a notebook's runs do (a DVC dependency of its stage)."""
-    configs = {}
+    configs, paper = {}, False
     for name in names:
-        for (method, setting, seed), cfg in grid(load_profile(name, profile)).items():
+        P = load_profile(name, profile)
+        paper |= P["profile"] == "paper"
+        for (method, setting, seed), cfg in grid(P).items():
             configs[(name, f"{name}: {method}", setting, seed)] = cfg
     done = run_grid({key[1:]: cfg for key, cfg in configs.items()}, root=results_root() / "runs",
-                    progress=progress, jobs=jobs, name=label)
+                    progress=progress, jobs=jobs, name=label, executor=executor, announce_cost=paper)
     dirs = {name: set() for name in names}
     for name, *key in configs:
         dirs[name].add(Path(done[tuple(key)].path).name)

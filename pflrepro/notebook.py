@@ -36,11 +36,13 @@ class Experiment:
             print(f"{name}: profile={self.profile}, {len(self.configs)} runs, store {self.store}")
 
     # ---- run
-    def run(self, progress: bool | str = True, jobs: int | str | None = None) -> dict:
-        """Load stored runs, train missing ones (`jobs` at once: pflrepro.parallel); `progress`: True (bars),
-        False, or "log" (plain lines to the terminal, as `dvc repro` runs it: pflrepro.progress)."""
+    def run(self, progress: bool | str = True, jobs: int | str | None = None, executor: str | None = None) -> dict:
+        """Load stored runs, train missing ones (on `executor`, "local" or "ray[:ADDRESS]": pflrepro.executors;
+        locally `jobs` at once: pflrepro.parallel); `progress`: True (bars), False, or "log" (plain lines to the
+        terminal, as `dvc repro` runs it: pflrepro.progress)."""
         self.results = experiments.run_grid(self.configs, root=self.store, progress=progress, jobs=jobs,
-                                            name=self.name)
+                                            name=self.name, executor=executor,
+                                            announce_cost=self.profile == "paper")
         return self.results
 
     # ---- data for rendering

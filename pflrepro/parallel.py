@@ -83,8 +83,20 @@ def work(cfg: RunConfig) -> float:
     from .schedule import trained_share
     algo, spec = ALGORITHMS[cfg.algorithm], SPECS[cfg.dataset]
     pool = spec.n_train + (spec.n_test if "test" in cfg.pool else 0)
-    local = trained_share(cfg) * cfg.subsample * pool * cfg.local_epochs * algo.relative_cost(cfg.hparams)
+    local = trained_share(cfg) * cfg.subsample * pool * train_fraction(cfg) * cfg.local_epochs * \
+        algo.relative_cost(cfg.hparams)
     return cfg.rounds * (local + algo.server_work(cfg))
+
+
+def train_fraction(cfg: RunConfig) -> float:
+    """The share of a client's samples it trains on: the split's train fraction (its mean, for a per-client draw),
+    1 for splits that keep every sample a client holds for training."""
+    sp = cfg.split_params
+    if "fractions" in sp:
+        return float(sp["fractions"][0])
+    if "train_choices" in sp:
+        return sum(sp["train_choices"]) / len(sp["train_choices"])
+    return 1.0
 
 
 class Worker:
@@ -170,10 +182,11 @@ def _serve() -> None:
         replies.flush()
 
 
-def train_all(configs: list[RunConfig], root: Path | str | None, jobs: int, on_done=None) -> None:
+def train_all(configs: list[RunConfig], root: Path | str | None, jobs: int, on_done=None,
+              progress: bool = False) -> None:
     """Train `configs` (distinct runs, none stored yet) up to `jobs` at once, each at
     threads_per_run(jobs) threads; results land in `root`. The first error stops handing out runs
-    and is raised once the others have stopped."""
+    and is raised once the others have stopped. `progress`: a bar per run trained in this process."""
     import torch
 
     from .runs import run
@@ -205,7 +218,7 @@ def train_all(configs: list[RunConfig], root: Path | str | None, jobs: int, on_d
     try:
         for t in feeders:
             t.start()
-        loop(lambda c: run(c, root=root, progress=False))
+        loop(lambda c: run(c, root=root, progress=progress))
         for t in feeders:
             t.join()
     except BaseException:  # e.g. KeyboardInterrupt in a notebook: stop the other runs now

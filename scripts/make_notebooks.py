@@ -19,7 +19,8 @@ profile = None        # None: the profile set in params/{name}.yaml; or smoke, m
 overrides = {{}}        # merged into the profile, e.g. {{"base": {{"lr": 0.05}}}} for a sweep point
 out_dir = None        # None: results/{name} and figures/{name}; set it for sweeps
 progress = True
-jobs = None           # runs trained at once; None: $PFLREPRO_JOBS or auto (CPU cores, 1 on a GPU)'''
+jobs = None           # runs trained at once; None: $PFLREPRO_JOBS or auto (CPU cores, 1 on a GPU)
+executor = None       # None: $PFLREPRO_EXECUTOR or local; "ray" or "ray:ADDRESS" trains on a Ray cluster (README)'''
 
 SETUP = '''import pandas as pd
 from pflrepro import report
@@ -27,7 +28,7 @@ from pflrepro.notebook import Experiment
 
 E = Experiment("{name}", profile, overrides, out_dir)'''
 
-RUN = "results = E.run(progress, jobs)   # stored runs are loaded, missing ones trained (resumable)"
+RUN = "results = E.run(progress, jobs, executor)   # stored runs are loaded, missing ones trained (resumable)"
 
 ACCURACY_TABLE = '''table = report.compare_table(E.tidy(), E.paper())
 E.table(table, "{title} (personalized accuracy %, best round ± std over seeds; last10 = mean of the last 10 evaluations)")

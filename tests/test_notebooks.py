@@ -41,7 +41,7 @@ def test_papermill_reads_every_parameter(name, capsys):
     from papermill.translators import PythonTranslator
     params = PythonTranslator.inspect(nbformat.v4.new_code_cell(_code_cells(name)[0]))
     assert "Unable to parse" not in capsys.readouterr().out
-    assert {p.name for p in params} >= {"profile", "overrides", "out_dir", "progress", "jobs"}, params
+    assert {p.name for p in params} >= {"profile", "overrides", "out_dir", "progress", "jobs", "executor"}, params
 
 
 @pytest.fixture(scope="module")

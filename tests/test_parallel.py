@@ -110,16 +110,22 @@ def test_runs_are_ordered_longest_first():
     pfedme = quick.replace(algorithm="pfedme", hparams={"K": 5})
     assert parallel.work(long_rounds) == 10 * parallel.work(quick)
     assert parallel.work(pfedme) == 5 * parallel.work(quick)
-    # per round: 10 clients x 3,000 images x 1 epoch = 3,000 sample passes; FedDF's server adds 100 distillation
-    # steps of 128 public images per architecture and the 10 teachers' forward pass over |P| = 300 (1,000)
-    assert parallel.work(quick) == 2 * 3000
+    # per round: 10 clients hold 3,000 images (5% of 60,000), train on 80% of them (split fractions 0.8/0.2) for
+    # 1 epoch = 2,400 sample passes; FedDF's server adds 100 distillation steps of 128 public images per
+    # architecture and the 10 teachers' forward pass over |P| = 300 (1,000)
+    assert parallel.work(quick) == pytest.approx(2 * 2400)
     feddf = quick.replace(algorithm="feddf", public={"size": 300})
-    assert parallel.work(feddf) == 2 * (3000 + 12800 + 1000)
+    assert parallel.work(feddf) == pytest.approx(2 * (2400 + 12800 + 1000))
     hetero = feddf.replace(models=("cnn_cifar10", "mlp", "cnn_ckt"))
-    assert parallel.work(hetero) == 2 * (3000 + 3 * 12800 + 1000)
+    assert parallel.work(hetero) == pytest.approx(2 * (2400 + 3 * 12800 + 1000))
     # an asynchronous server step trains one arrival (FedAsync) or K (FedBuff) of the 10 clients
-    assert parallel.work(quick.replace(schedule={"mode": "fedasync"})) == pytest.approx(2 * 300)
-    assert parallel.work(quick.replace(schedule={"mode": "fedbuff", "buffer": 5})) == pytest.approx(2 * 1500)
+    assert parallel.work(quick.replace(schedule={"mode": "fedasync"})) == pytest.approx(2 * 240)
+    assert parallel.work(quick.replace(schedule={"mode": "fedbuff", "buffer": 5})) == pytest.approx(2 * 1200)
+    # the train share of a client's samples, per split rule
+    assert parallel.train_fraction(quick.replace(split_params={"fractions": (0.75, 0.25)})) == 0.75
+    ckt = RunConfig.from_dict(small_cfg(split="perfed_ckt", split_params={"train_choices": [0.1, 0.3, 0.5]}))
+    assert parallel.train_fraction(ckt) == pytest.approx(0.3)
+    assert parallel.train_fraction(quick.replace(split="global_test_by_proportion", split_params={})) == 1.0
 
 
 def test_a_worker_that_crashes_reports_the_end_of_its_stderr(capsys):

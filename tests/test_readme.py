@@ -3,6 +3,7 @@ either run (at a smaller size where the README's own takes minutes: the substitu
 for what a test cannot afford (`make repro`, `dvc exp run`, which trains the example at mini in a git checkout),
 checked for the files and params keys it names. A README command with no check here fails
 `test_every_readme_command_is_checked`, so a new one cannot go untested."""
+import json
 import os
 import re
 import shlex
@@ -34,7 +35,9 @@ def _commands() -> list[str]:
 
 
 def _kind(cmd: str) -> str | None:
-    for kind, pattern in [("make", r"^make (repro|test)$"), ("cli", r"^python -m pflrepro "),
+    for kind, pattern in [("make", r"^make (repro|test)$"), ("cluster", r"(--executor|-p executor) ray"),
+                          ("ray_start", r"^ray start --(head|address) "), ("pip_extra", r"^pip install -e '\.\[\w+\]'$"),
+                          ("cli", r"^python -m pflrepro "),
                           ("sweep", r"^(mkdir -p results/sweeps/|papermill notebooks/example\.ipynb )"),
                           ("dvc_set", r"^dvc exp run( --queue)? -S "), ("dvc", r"^dvc (queue start|exp show)")]:
         if re.search(pattern, cmd):
@@ -102,3 +105,60 @@ def test_readme_python_block_runs(store):
     s = scope["res"].summary["pm_acc_mean"]
     assert set(s) >= {"best", "best_round", "last_mean", "final"}      # what the README's comment names
     assert 0.1 < s["best"] <= 1.0 and 0.0 < s["final"] <= s["best"]
+
+
+def test_readme_install_extras_exist():
+    import tomllib
+    extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = [re.search(r"\[(\w+)\]", c).group(1) for c in _commands() if _kind(c) == "pip_extra"]
+    assert named and all(e in extras for e in named), named
+    assert "cluster" in (REPO_ROOT / "scripts" / "setup.sh").read_text()   # setup installs what the README names
+
+
+@pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
+def test_readme_cluster_commands_run(tmp_path):
+    """The cluster section as written, on this machine: `ray start --head` (a free port, no dashboard), the train
+    command through it at the smoke profile instead of paper, `ray stop`. The worker-node line is checked against
+    `ray start`'s options (two nodes on one host: tests/test_executors.py); the papermill line names a notebook
+    and parameters it has (notebooks render with `executor` in tests/test_notebooks.py)."""
+    pytest.importorskip("ray")
+    import socket
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    cmds = [c for c in _commands() if _kind(c) in ("cluster", "ray_start")]
+    head = [c for c in cmds if c.startswith("ray start --head")]
+    node = [c for c in cmds if c.startswith("ray start --address")]
+    train = [c for c in cmds if c.startswith("python -m pflrepro train")]
+    book = [c for c in cmds if c.startswith("papermill ")]
+    assert len(head) == len(node) == len(train) == len(book) == 1, cmds
+    nb_args = shlex.split(book[0])
+    cell = "".join(next(c for c in json.loads((REPO_ROOT / nb_args[1]).read_text())["cells"]
+                        if c["cell_type"] == "code")["source"])
+    names = [nb_args[i + 1] for i, a in enumerate(nb_args) if a == "-p"]
+    assert names and all(re.search(rf"^{n} = ", cell, re.M) for n in names), names
+    help_text = subprocess.run([ray_cli, "start", "--help"], capture_output=True, text=True).stdout
+    assert all(opt in help_text for opt in re.findall(r"--[\w-]+", node[0] + " " + head[0]))
+    with socket.socket() as s_:
+        s_.bind(("127.0.0.1", 0))
+        port = s_.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}   # `ray:auto` finds the head started here
+    env.update(PFLREPRO_RESULTS=str(tmp_path / "results"), PYTHONPATH=str(REPO_ROOT))
+    argv = shlex.split(head[0].replace("6379", str(port))) + ["--num-cpus=2", "--include-dashboard=false",
+                                                              "--disable-usage-stats"]
+    subprocess.run([ray_cli, *argv[1:]], check=True, env=env, capture_output=True)
+    try:
+        # smoke instead of paper; this machine has no GPU to share, so no gpus= (asking for one fails up front:
+        # tests/test_executors.py)
+        small = re.sub(r",gpus=[\d.]+", "", train[0].replace("--profile paper", "--profile smoke"))
+        assert "--profile smoke" in small and "gpus=" not in small and "--executor ray:auto" in small
+        small = small.replace("results/train/", str(tmp_path / "train") + "/")
+        r = subprocess.run([sys.executable, *shlex.split(small)[1:]], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "Connected to Ray cluster" in r.stderr      # Ray's own line: the runs went through the cluster
+        assert "cost of" not in r.stderr                   # the cost is announced for paper profiles only
+        manifest = json.loads(next((tmp_path / "train").glob("*.json")).read_text())
+        runs = {d for ds in manifest["notebooks"].values() for d in ds}
+        store = tmp_path / "results" / "runs"
+        assert runs and all((store / d / "summary.json").exists() for d in runs)
+    finally:
+        subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True)

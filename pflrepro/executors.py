@@ -1,0 +1,361 @@
+"""Where a grid's missing runs train: this machine (`executor="local"`) or a Ray cluster (`executor="ray"`).
+
+Like `jobs`, the executor is an execution setting: it never enters a run's content address, and a run trained by
+either lands in the caller's store as the same files with the same metrics (bit for bit at equal threads:
+tests/test_executors.py).
+
+    "local"                 runs side by side on this machine, `jobs` at once (pflrepro.parallel; the default)
+    "ray"                   a Ray cluster: the one at $RAY_ADDRESS if set, else a local Ray instance for the grid
+    "ray:ADDRESS"           the cluster at ADDRESS ("auto", "10.0.0.5:6379")
+    "ray:ADDRESS,cpus=4,gpus=0.5,shared"   options after the address (the address may be left empty: "ray:,cpus=2")
+        cpus    CPUs per run, and its torch threads (default 1)
+        gpus    GPUs per run, a fraction shares one (default: 1 when the cluster has GPUs and the runs' device is
+                "auto" or "cuda", else 0)
+        retries how often Ray reruns a task whose node or worker died (default 3)
+        ship    seconds between checkpoints shipped to the driver's store (default SHIP_EVERY)
+        shared  the store is a path that every node sees: tasks write into it directly. Without it nothing is
+                assumed shared: a task trains into a scratch store on its node, ships its progress heartbeat and
+                (every `ship` seconds, the first after `ship` seconds) its checkpoint to the driver's store, and
+                returns its run's files, which the driver writes into its store (summary.json last: a run is
+                complete exactly when that file exists).
+
+Ray retries a task whose node died (`retries`, default 3) on another node; the retry first fetches the run's last
+shipped checkpoint from the driver's store, so it resumes from there (runs.run resumes from a checkpoint). Every
+node must be able to import pflrepro (the driver's source tree is put first on the tasks' PYTHONPATH, which serves a
+node that shares it) and load the runs' datasets ($PFLREPRO_DATA); a task refuses to train when its node's
+result-affecting code differs from the driver's (runs.code_fingerprint), so a store never mixes code versions.
+
+`Claims` makes a run train once even with two drivers on one store (two `dvc repro`s, a notebook beside a
+pipeline): each driver holds an exclusive lock on every run it trains, and waits for runs another holds.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from .config import ConfigError, RunConfig
+
+SRC = str(Path(__file__).resolve().parents[1])
+RESUME_FILES = ("config.json", "partition.npz", "checkpoint.pt")   # what a run needs to resume elsewhere
+SHIP_EVERY = 30.0   # default seconds between checkpoints shipped to the driver's store (_Shipper)
+
+
+# ---------------------------------------------------------------- claims: one trainer per run, across drivers
+class Claims:
+    """An exclusive claim on each missing run: an `fcntl.flock` on <store>/<run>.claim, held while the run
+    trains. The kernel drops a lock when its holder dies, however it dies, so a claim never goes stale. Runs
+    another driver holds are `others`: wait for each with `wait(path)`, which returns once its holder let go
+    (the run is then stored, or its holder died and the run is ours to train). Claim files are removed on
+    release. Without fcntl (Windows) every run is ours and nothing is locked."""
+
+    def __init__(self, paths):
+        self.held: dict[Path, int] = {}
+        self.mine: list[Path] = []
+        self.others: list[Path] = []
+        for p in paths:
+            fd = _lock(_claim_file(p), block=False)
+            if fd is None:
+                self.others.append(p)
+            else:
+                self.held[p] = fd
+                self.mine.append(p)
+
+    def wait(self, path: Path) -> None:
+        self.held[path] = _lock(_claim_file(path), block=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for path, fd in self.held.items():
+            _unlock(_claim_file(path), fd)
+        self.held.clear()
+
+
+def _claim_file(run_path: Path) -> Path:
+    return Path(run_path).with_name(Path(run_path).name + ".claim")
+
+
+def _lock(path: Path, block: bool) -> int | None:
+    try:
+        import fcntl
+    except ImportError:
+        return -1
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            return fd
+        os.close(fd)   # its holder removed the file between our open and our lock: lock the new one
+
+
+def _unlock(path: Path, fd: int) -> None:
+    if fd < 0:
+        return
+    import fcntl
+    path.unlink(missing_ok=True)   # still under the lock: a waiter finds a new inode and locks that
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+# ---------------------------------------------------------------- executors
+class LocalExecutor:
+    """This machine: `jobs` runs at once, each at threads_per_run(jobs) threads (pflrepro.parallel)."""
+
+    name = "local"
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+
+    def describe(self) -> str:
+        return f"{self.jobs} at once"
+
+    def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False) -> None:
+        from . import parallel
+        parallel.train_all(configs, root, self.jobs, on_done=on_done, progress=bars and self.jobs == 1)
+
+
+class RayExecutor:
+    """A Ray cluster (module doc): one task per run, longest first, with declared CPUs and GPUs."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, cpus: float = 1, gpus: float | None = None,
+                 shared: bool = False, retries: int = 3, ship: float = SHIP_EVERY):
+        if cpus < 1 or cpus != int(cpus):
+            raise ConfigError(f"executor ray: cpus={cpus!r}: a whole number >= 1 (the run's torch threads)")
+        if gpus is not None and not 0 <= gpus <= 8:
+            raise ConfigError(f"executor ray: gpus={gpus!r}: GPUs per run, 0 to 8 (a fraction shares one)")
+        if ship < 0 or retries < 0:
+            raise ConfigError(f"executor ray: ship={ship!r}, retries={retries!r}: both must be >= 0")
+        self.address, self.cpus, self.gpus, self.shared = address, int(cpus), gpus, shared
+        self.retries, self.ship = retries, ship
+
+    def describe(self) -> str:
+        return f"Ray {self.address or 'local'}, {self.cpus} CPU" + (f", {self.gpus} GPU" if self.gpus else "") + \
+            " per run" + (", shared store" if self.shared else "")
+
+    def _gpus(self, configs, ray) -> float:
+        """GPUs per task; a clear error when no node of the cluster can hold a task (Ray would queue it forever)."""
+        devices = {c.device for c in configs}
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        has = any(r.get("GPU", 0) > 0 for r in nodes)
+        if "cuda" in devices and not has:
+            raise ConfigError("device='cuda' runs, but the Ray cluster has no GPU")
+        gpus = self.gpus if self.gpus is not None else (1.0 if has and devices & {"auto", "cuda"} else 0.0)
+        if not any(r.get("CPU", 0) >= self.cpus and r.get("GPU", 0) >= gpus for r in nodes):
+            have = "; ".join(f"{r.get('CPU', 0):g} CPU, {r.get('GPU', 0):g} GPU" for r in nodes)
+            raise ConfigError(f"executor ray: a run asks for {self.cpus} CPU and {gpus:g} GPU, and no node of the "
+                              f"cluster has that ({have}): lower cpus= / gpus=, or add such a node")
+        return gpus
+
+    def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False) -> None:
+        from . import parallel, runs
+        ray = _ray()
+        started = not ray.is_initialized()
+        if started:
+            ray.init(address=self.address, include_dashboard=False)
+        root = Path(root if root is not None else runs.results_root() / "runs").resolve()
+        keeper, refs = None, {}
+        env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}}
+        try:
+            if not self.shared:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+                here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+                keeper = ray.remote(Keeper).options(num_cpus=0, scheduling_strategy=here,
+                                                        runtime_env=env).remote(str(root))
+            task = ray.remote(_train_task).options(num_cpus=self.cpus, num_gpus=self._gpus(configs, ray),
+                                                   max_retries=self.retries, runtime_env=env)
+            for cfg in sorted(configs, key=parallel.work, reverse=True):
+                refs[task.remote(cfg.to_dict(), runs.code_fingerprint(cfg.algorithm), self.cpus,
+                                 str(root) if self.shared else None, keeper, self.ship)] = cfg
+            while refs:
+                ready, _ = ray.wait(list(refs), num_returns=1)
+                cfg = refs.pop(ready[0])
+                files = ray.get(ready[0])   # the task's error, raised here, once its retries are spent
+                if files is not None:
+                    write_run(runs.run_dir(cfg, root), files)
+                if on_done:
+                    on_done(cfg)
+        except BaseException:
+            for ref in refs:   # e.g. KeyboardInterrupt: stop the cluster's work on this grid now
+                ray.cancel(ref, force=True)
+            raise
+        finally:
+            if keeper is not None:
+                ray.kill(keeper)
+            if started:
+                ray.shutdown()
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("executor='ray' needs Ray: pip install 'ray>=2.40' (scripts/setup.sh installs it)") from None
+    return ray
+
+
+class Keeper:
+    """A Ray actor on the driver's node that reads and writes runs in the driver's store for tasks on other nodes."""
+
+    def __init__(self, root: str):
+        self.root = Path(root)
+
+    def fetch(self, name: str) -> dict:
+        """What a (re)started task needs to resume run `name`: {} when it has no checkpoint here."""
+        d = self.root / name
+        if not (d / "checkpoint.pt").exists():
+            return {}
+        return {f: (d / f).read_bytes() for f in RESUME_FILES if (d / f).exists()}
+
+    def put(self, name: str, files: dict) -> None:
+        d = self.root / name
+        d.mkdir(parents=True, exist_ok=True)
+        for f, blob in files.items():
+            _write_atomic(d / f, blob)
+
+
+def _write_atomic(path: Path, blob: bytes) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_bytes(blob)
+    os.replace(tmp, path)
+
+
+def write_run(path: Path, files: dict) -> None:
+    """Write a run's files into a store; summary.json last, so a reader never finds a run half written."""
+    from .progress import HEARTBEAT
+    path.mkdir(parents=True, exist_ok=True)
+    for f in sorted(files, key=lambda f: f == "summary.json"):
+        _write_atomic(path / f, files[f])
+    (path / HEARTBEAT).unlink(missing_ok=True)
+
+
+class _Shipper:
+    """In a task: copies a run's heartbeat to the driver's store whenever it changes (the grid's progress shows),
+    and its checkpoint (with what resuming needs) when it changed and `ship` seconds have passed since the task
+    started or the last one went: a retried task resumes at most `ship` seconds (plus one checkpoint interval)
+    behind. A run shorter than `ship` ships none: shipping DC-PFL's 80 MB checkpoints as written cost its mini
+    Fig. 3 grid 12 s of 65 (docs/performance.md, "Ray against local")."""
+
+    def __init__(self, path: Path, keeper, ship: float, every: float = 0.5):
+        from .progress import HEARTBEAT
+        self.path, self.keeper, self.ship, self.every, self.beat = path, keeper, ship, every, HEARTBEAT
+        self.seen: dict[str, tuple] = {}
+        self.shipped = time.monotonic()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _changed(self, name: str) -> bool:
+        try:
+            st = os.stat(self.path / name)
+        except FileNotFoundError:
+            return False
+        sig = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if self.seen.get(name) == sig:
+            return False
+        self.seen[name] = sig
+        return True
+
+    def ship_once(self) -> None:
+        import ray
+        files = {}
+        if time.monotonic() - self.shipped >= self.ship and self._changed("checkpoint.pt"):
+            files = {f: (self.path / f).read_bytes() for f in RESUME_FILES}
+            self.shipped = time.monotonic()
+        if self._changed(self.beat):
+            try:
+                files[self.beat] = (self.path / self.beat).read_bytes()
+            except FileNotFoundError:   # the run ended and removed it
+                pass
+        if files:
+            ray.get(self.keeper.put.remote(self.path.name, files))
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.every):
+            self.ship_once()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def _train_task(cfg_dict: dict, fingerprint: str, threads: int, shared_root: str | None, keeper, ship: float):
+    """One run, as a Ray task: trains (or resumes) it and returns its files, or None when it wrote them into a
+    shared store itself."""
+    import torch
+
+    from . import runs
+    from .progress import HEARTBEAT
+    cfg = RunConfig.from_dict(cfg_dict)
+    if runs.code_fingerprint(cfg.algorithm) != fingerprint:
+        raise RuntimeError(f"this node's pflrepro ({runs.__file__}) differs from the driver's in code that changes "
+                           f"{cfg.algorithm}'s results: install the driver's version on every node")
+    torch.set_num_threads(threads)
+    if shared_root is not None:
+        runs.run(cfg, root=shared_root, progress=False)
+        return None
+    import ray
+    with tempfile.TemporaryDirectory(prefix="pflrepro-run-") as tmp:
+        path = runs.run_dir(cfg, tmp)
+        path.mkdir(parents=True)
+        for f, blob in ray.get(keeper.fetch.remote(path.name)).items():
+            (path / f).write_bytes(blob)
+        with _Shipper(path, keeper, ship):
+            runs.run(cfg, root=tmp, progress=False)
+        return {f.name: f.read_bytes() for f in path.iterdir() if f.is_file() and f.name != HEARTBEAT}
+
+
+# ---------------------------------------------------------------- choosing one
+def parse(spec: str) -> RayExecutor:
+    """'ray', 'ray:ADDRESS' or 'ray:ADDRESS,cpus=N,gpus=F,shared' -> RayExecutor (module doc)."""
+    head, _, rest = spec.partition(":")
+    parts = rest.split(",") if rest else [""]
+    address, opts = parts[0].strip() or None, {}
+    for p in parts[1:]:
+        k, eq, v = p.strip().partition("=")
+        if k == "shared" and not eq:
+            opts["shared"] = True
+        elif k in ("cpus", "gpus", "retries", "ship") and eq:
+            try:
+                opts[k] = int(v) if k == "retries" else float(v)
+            except ValueError:
+                raise ConfigError(f"executor={spec!r}: {k}={v!r} is not a number") from None
+        else:
+            raise ConfigError(f"executor={spec!r}: unknown option {p!r} (cpus=N, gpus=F, retries=N, ship=S, shared)")
+    return RayExecutor(address, **opts)
+
+
+def resolve(executor, jobs, configs: list[RunConfig]):
+    """An executor from a notebook's or the CLI's `executor` (None: $PFLREPRO_EXECUTOR, else "local")."""
+    from . import parallel
+    if executor is None:
+        executor = os.environ.get("PFLREPRO_EXECUTOR", "local")
+    if isinstance(executor, (LocalExecutor, RayExecutor)):
+        return executor
+    if executor == "local":
+        return LocalExecutor(parallel.resolve_jobs(jobs, configs) if configs else 1)
+    if isinstance(executor, str) and executor.split(":")[0].strip() == "ray":
+        if jobs not in (None, "auto"):
+            print(f"executor {executor!r}: jobs={jobs!r} is ignored (the cluster's free CPUs and GPUs set how many "
+                  "runs train at once)", file=sys.stderr)
+        return parse(executor)
+    raise ConfigError(f"executor={executor!r}: expected 'local', 'ray' or 'ray:ADDRESS[,cpus=N,gpus=F,shared]'")
+
