@@ -79,6 +79,10 @@ class Experiment:
             md += "\nPaper column: " + report.paper_source(self.P["paper_table"]) + "\n"
         if note:
             md += "\n" + note.strip() + "\n"
+        evals = [len(r.history) for r in self.results.values()]
+        if "last10" in df.columns and evals and min(evals) < 10:
+            md += (f"\nlast10: these runs have {min(evals)}" + (f"-{max(evals)}" if max(evals) != min(evals) else "") +
+                   " evaluations; where fewer than 10, last10 is the mean of all of them.\n")
         (self.res_dir / f"{stem}.md").write_text(md)
         df.to_csv(self.res_dir / f"{stem}.csv", index=False)
         _display_markdown(md)

@@ -6,6 +6,7 @@ read here only to be shown *beside* reproduced values, never used as results.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -107,9 +108,10 @@ def plot_sweep(table: pd.DataFrame, xlabel: str, title: str = ""):
     """Accuracy against a swept setting (DC-PFL Figs. 2, 3): one line per method, one panel per dataset."""
     sns = _sns()
     t = table.assign(x=table["setting"].map(sweep_value))
-    g = sns.relplot(data=t, x="x", y="reproduced", hue="method", col="dataset", kind="line", marker="o",
-                    height=3.4, aspect=1.3, facet_kws={"sharey": False, "sharex": False})
+    g = sns.relplot(data=t, x="x", y="reproduced", hue="method", style="method", col="dataset", kind="line",
+                    markers=True, height=3.4, aspect=1.3, facet_kws={"sharey": False, "sharex": False})
     g.set_axis_labels(xlabel, "accuracy (%)")
+    g.set_titles("{col_name}")
     if title:
         g.figure.suptitle(title, y=1.04, fontsize=9)
     return g.figure
@@ -245,18 +247,27 @@ def banner(profile: str, dataset: str, note: str = "", seeds=None) -> str:
     return s + (f" | {note}" if note else "")
 
 
+_COUNTS = re.compile(r"(^|_)(rank|seeds|rounds?|clients|runs|epochs|evaluations)$")
+
+
 def to_markdown(df: pd.DataFrame, title: str, banner_line: str, digits: int = 2) -> str:
-    """A plain markdown table (no extra dependency)."""
-    def fmt(v):
+    """A plain markdown table (no extra dependency). Counts and ranks (columns named like `rank`, `paper_rank`,
+    `seeds`, `rounds`, `target_round`) print as whole numbers when they are (`3`, not `3.00`; a mean rank over
+    seeds keeps its decimals)."""
+    def fmt(v, col=""):
         if isinstance(v, (float, np.floating)):
-            return "" if np.isnan(v) else f"{v:.{digits}f}"
+            if np.isnan(v):
+                return ""
+            if _COUNTS.search(str(col)) and float(v).is_integer():
+                return str(int(v))
+            return f"{v:.{digits}f}"
         return str(v)
     buf = io.StringIO()
     buf.write(f"## {title}\n\n> {banner_line}\n\n")
     cols = list(df.columns)
     buf.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
     for _, r in df.iterrows():
-        buf.write("| " + " | ".join(fmt(r[c]) for c in cols) + " |\n")
+        buf.write("| " + " | ".join(fmt(r[c], c) for c in cols) + " |\n")
     return buf.getvalue()
 
 
@@ -294,12 +305,23 @@ def plot_curves(df: pd.DataFrame, metric: str = "pm_acc_mean", title: str = "", 
     """Learning curves with a band of +- one std over seeds (seaborn), one panel per setting; `x` = "round" or
     "sim_time" (the simulated clock's seconds: SCD Tables 4, 9)."""
     sns = _sns()
-    g = sns.relplot(data=df, x=x, y=metric, hue="method", col="panel" if "panel" in df else "setting", kind="line",
-                    errorbar="sd", height=3.6, aspect=1.25, facet_kws={"sharey": False})
+    # style = hue: methods with identical curves (FedProx at a tiny mu over FedAvg) stay visible as dashes
+    g = sns.relplot(data=df, x=x, y=metric, hue="method", style="method", col="panel" if "panel" in df else "setting",
+                    kind="line", errorbar="sd", height=3.6, aspect=1.25, facet_kws={"sharey": False})
     g.set_axis_labels("communication round" if x == "round" else "simulated time (s)", ylabel)
+    g.set_titles("{col_name}")
+    if x == "round":
+        integer_ticks(g.axes.flat)
     if title:
         g.figure.suptitle(title, y=1.04, fontsize=10)
     return g.figure
+
+
+def integer_ticks(axes) -> None:
+    """Whole-number ticks on the x axes (communication rounds: no 2.5)."""
+    from matplotlib.ticker import MaxNLocator
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def save(fig, path: Path | str) -> Path:
@@ -320,7 +342,7 @@ def _sns():
     return sns
 
 
-def plot_vs_paper(table: pd.DataFrame, title: str = "", x: str = "method"):
+def plot_vs_paper(table: pd.DataFrame, title: str = "", x: str = "method", ylabel: str = "accuracy (%)"):
     """Reproduced (bars, +- std over seeds) beside the paper's value (black ticks), one panel per setting.
     Plain matplotlib: every table notebook draws this, and importing seaborn (scipy.stats) cost 3.5 s a notebook."""
     from matplotlib.figure import Figure
@@ -344,7 +366,7 @@ def plot_vs_paper(table: pd.DataFrame, title: str = "", x: str = "method"):
         if np.isfinite(pv).any():
             ax.scatter(xs[np.isfinite(pv)], pv[np.isfinite(pv)], marker="_", s=400, color="k", zorder=3, label="paper")
         ax.set_xticks(xs, sub[x].astype(str), rotation=45, ha="right")
-        ax.set(title=str(name), xlabel=x, ylabel="accuracy (%): bars reproduced, — paper")
+        ax.set(title=str(name), xlabel=x, ylabel=f"{ylabel}: bars reproduced, — paper")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     for ax in axes[len(panels):]:   # unused cells of the last row
@@ -361,6 +383,7 @@ def plot_client_distribution(clients: pd.DataFrame, title: str = ""):
     g = sns.displot(data=c, x="accuracy", hue="method", col="panel", kind="hist", element="step",
                     fill=False, bins=20, height=3.4, aspect=1.4, facet_kws={"sharey": False})
     g.set_axis_labels("client test accuracy (%)", "clients")
+    g.set_titles("{col_name}")
     if title:
         g.figure.suptitle(title, y=1.04, fontsize=9)
     return g.figure

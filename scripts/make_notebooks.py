@@ -58,6 +58,7 @@ g = sns.relplot(data=table, x="x", y="reproduced", col="panel", kind="line", mar
 for ax, (_, sub) in zip(g.axes.flat, table.groupby("panel", sort=False)):
     ax.plot(sub["x"], sub["paper"], "k--", marker="_", label="paper (CIFAR-10)")
 g.set_axis_labels("{xlabel}", "accuracy (%): reproduced, -- paper")
+g.set_titles("{{col_name}}")
 E.figure(g.figure, "sweep")'''
 
 SCD_TIME = '''times = report.times_to_targets(results, E.metric, E.P["targets"])
@@ -188,7 +189,11 @@ table = summary.merge(paper[["dataset", "paper_rounds", "paper_speedup"]], on="d
 E.table(table, f"Table 4: rounds {E.P['method']} needs to reach {E.P['reference']}'s accuracy at its last round",
         note="The paper's target is FedPer after 100 rounds; a profile with fewer rounds uses its own last round. "
              "NaN: never reached within the run. " + note)
-E.table(r2r, "Table 4, per seed", stem="per_seed")''']),
+E.table(r2r, "Table 4, per seed", stem="per_seed")
+fig = report.plot_vs_paper(pd.DataFrame({"dataset": table["dataset"], "setting": f"rounds {E.P['method']} needs",
+                                         "reproduced": table["rounds"], "repro_std": float("nan"),
+                                         "paper": table["paper_rounds"]}), E.banner, x="dataset", ylabel="rounds")
+E.figure(fig, "vs_paper")''']),
     "pfedsd_table5": ("pFedSD Table 5: mean and standard deviation of accuracy across clients",
                       "100-client scenario. Read from Table 2's runs (nothing is retrained).",
                       ['''clients = report.client_accuracies(results, "best", E.metric)
@@ -201,7 +206,11 @@ table = sp.rename(columns={"mean": "mean", "std": "std_across_clients"}).merge(
 table["diff_mean"] = table["mean"] - table["paper_mean"]
 table["diff_std"] = table["std_across_clients"] - table["paper_std_across_clients"]
 E.table(table, "Table 5: personalized accuracy across clients at each run's best round (mean, std across clients; averaged over seeds)",
-        note=note)''']),
+        note=note)
+long = pd.concat([table.assign(setting=label, reproduced=table[col], repro_std=float("nan"), paper=table[paper_col])
+                  for label, col, paper_col in (("mean over clients", "mean", "paper_mean"),
+                                                ("std across clients", "std_across_clients", "paper_std_across_clients"))])
+E.figure(report.plot_vs_paper(long.drop(columns="dataset"), E.banner), "vs_paper")''']),
     "pfedsd_fig2": ("pFedSD Fig. 2: the received global model forgets what the local model knew",
                     "FedAvg on 100 non-IID clients. On each client's local test set: the global model it is about to "
                     "receive vs its own model from the last round it trained. Both curves come from identical training "
@@ -213,6 +222,8 @@ sns.set_theme(style="whitegrid")
 g = sns.relplot(data=curves, x="round", y=E.metric, hue="model", col="panel", kind="line", errorbar="sd",
                 height=3.6, aspect=1.3, facet_kws={"sharey": False})
 g.set_axis_labels("communication round", "accuracy on local test sets (%)")
+g.set_titles("{col_name}")
+report.integer_ticks(g.axes.flat)
 E.figure(g.figure, "forgetting")
 gap = curves.pivot_table(index=["panel", "seed", "round"], columns="model", values=E.metric).reset_index()
 gap["gap"] = gap["last local model"] - gap["received global model"]
@@ -266,6 +277,7 @@ sns.set_theme(style="whitegrid")
 g = sns.catplot(data=runs, x="lam", y="best", hue="tau", col="dataset", kind="point", errorbar="sd",
                 height=3.4, aspect=1.2, sharey=False)
 g.set_axis_labels("λ", "personalized accuracy (%)")
+g.set_titles("{col_name}")
 E.figure(g.figure, "lambda_tau")''']),
     "pfedsd_table11": ("pFedSD Table 11: communication and computation per client per round",
                        "Measured, not estimated: bytes each client downloads + uploads, FLOPs of its local training "
@@ -284,7 +296,11 @@ table["flops_vs_fedavg"] = cost.ratio_to(table, "gmacs_per_client")
 table["paper_flops_vs_fedavg"] = cost.ratio_to(table, "gflops")
 table = table.rename(columns={"comm_mb": "paper_comm_MB", "gflops": "paper_GFLOPs"})
 E.table(table, "Table 11: per client per round, measured (MB = 1e6 bytes as sent; Mparams = what the paper "
-        "calls MB; GMACs = what the paper calls GFLOPs)", digits=3)''']),
+        "calls MB; GMACs = what the paper calls GFLOPs)", digits=3)
+long = pd.concat([table.assign(setting=label, reproduced=table[col], repro_std=float("nan"), paper=table[paper_col])
+                  for label, col, paper_col in (("communication (M params per client)", "mparams_per_client", "paper_comm_MB"),
+                                                ("computation, x FedAvg's", "flops_vs_fedavg", "paper_flops_vs_fedavg"))])
+E.figure(report.plot_vs_paper(long.drop(columns="dataset"), E.banner, ylabel="per client per round"), "vs_paper")''']),
     "pfedsd_table10": ("pFedSD Table 10: time per round, split into communication, client and server",
                        "Compute and server times are measured on this machine (Table 11's runs); communication comes from "
                        "the measured bytes and the bandwidth stated in the params file. Absolute seconds depend on the "
@@ -379,6 +395,7 @@ import seaborn as sns
 sns.set_theme(style="whitegrid")
 g = sns.catplot(data=table, x="method", y="reproduced", hue="epochs", col="setting", kind="bar", height=3.6, aspect=1.6)
 g.set_axis_labels("", "new clients' accuracy (%)")
+g.set_titles("{col_name}")
 g.tick_params(axis="x", rotation=30)
 E.figure(g.figure, "new_clients")''']),
     "fedbsd_table1": ("FedBSD Table 1: personalized accuracy in FedRep's (N, S) settings",

@@ -110,3 +110,23 @@ def test_at_rounds_reads_curves_at_fractions_of_the_evaluated_rounds():
     assert list(t.setting) == ["round 4", "round 4", "round 8", "round 8"] and list(t.method) == ["a", "b", "a", "b"]
     assert list(t.reproduced) == [22.0, 6.0, 44.0, 8.0] and list(t.seeds) == [2, 1, 2, 1]
     assert t.repro_std.iloc[0] == pytest.approx(2 ** 0.5 * 2) and t.repro_std.isna().tolist() == [False, True, False, True]
+
+
+def test_markdown_prints_counts_and_ranks_as_whole_numbers():
+    df = pd.DataFrame({"method": ["a", "b"], "reproduced": [62.0, 61.456], "seeds": [1.0, 2.0], "rank": [3.0, 2.5],
+                       "paper_rank": [8.0, float("nan")], "target_round": [10.0, 20.0]})
+    md = report.to_markdown(df, "t", "banner")
+    rows = [line for line in md.splitlines() if line.startswith("| a") or line.startswith("| b")]
+    assert rows[0] == "| a | 62.00 | 1 | 3 | 8 | 10 |"          # an accuracy keeps its decimals, counts do not
+    assert rows[1] == "| b | 61.46 | 2 | 2.50 |  | 20 |"       # a mean rank over seeds keeps its fraction
+
+
+def test_learning_curves_name_facets_by_value_tick_whole_rounds_and_tell_identical_methods_apart():
+    rows = [{"method": m, "setting": "20 clients", "panel": "20 clients", "seed": 0, "round": r, "acc": 50.0 + r}
+            for m in ("fedavg", "fedprox") for r in (1, 2, 3)]     # identical curves: FedProx at a tiny mu
+    fig = report.plot_curves(pd.DataFrame(rows), metric="acc")
+    ax = fig.axes[0]
+    assert ax.get_title() == "20 clients"                           # not "panel = 20 clients"
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 3]
+    assert len(lines) == 2 and lines[0].get_linestyle() != lines[1].get_linestyle()   # solid vs dashed
