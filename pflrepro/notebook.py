@@ -79,6 +79,7 @@ class Experiment:
             md += "\nPaper column: " + report.paper_source(self.P["paper_table"]) + "\n"
         if note:
             md += "\n" + note.strip() + "\n"
+        md += self._client_count_note(df)
         evals = [len(r.history) for r in self.results.values()]
         if "last10" in df.columns and evals and min(evals) < 10:
             md += (f"\nlast10: these runs have {min(evals)}" + (f"-{max(evals)}" if max(evals) != min(evals) else "") +
@@ -87,6 +88,21 @@ class Experiment:
         df.to_csv(self.res_dir / f"{stem}.csv", index=False)
         _display_markdown(md)
         return md
+
+    def _client_count_note(self, df: pd.DataFrame) -> str:
+        """Settings are named after the paper's ('20 clients'); a profile may run fewer (smoke): say so."""
+        import re
+        shown = set(df["setting"].astype(str)) if "setting" in df else set()
+        ran: dict[str, set] = {}
+        for (_, setting, _), cfg in self.configs.items():
+            m = re.search(r"(\d+) clients", str(setting))
+            if m and int(m.group(1)) != cfg.n_clients and (not shown or str(setting) in shown
+                                                          or report.paper_setting(setting, cfg.dataset) in shown):
+                ran.setdefault(str(setting), set()).add(cfg.n_clients)
+        if not ran:
+            return ""
+        return "\nSettings keep the paper's names; this profile ran " + "; ".join(
+            f"'{s}' with {', '.join(map(str, sorted(n)))} clients" for s, n in sorted(ran.items())) + ".\n"
 
     def figure(self, fig, stem: str) -> None:
         """Save a figure as figures/<name>/<stem>.png, its title line carrying the banner, and show it inline

@@ -74,6 +74,11 @@ def test_notebook_renders_on_smoke(name, tmp_path, shared_store):
         assert "profile=smoke" in text, md
         if "| last10 |" in text and min(evals) < 10:     # said, not silently the mean of fewer evaluations
             assert "last10: these runs have" in text, md
+    import re
+    renamed = [s_ for (_, s_, _), c in ns["E"].configs.items()
+               if (m := re.search(r"(\d+) clients", str(s_))) and int(m.group(1)) != c.n_clients]
+    if renamed and (tmp_path / "table.md").exists() and "| setting |" in (tmp_path / "table.md").read_text():
+        assert "Settings keep the paper's names; this profile ran" in (tmp_path / "table.md").read_text()
     if name in ("pfedsd_table4", "pfedsd_table5", "pfedsd_table11"):   # tables that once drew no figure
         assert (tmp_path / "figures" / "vs_paper.png").stat().st_size > 0
     if prov["runs"]:      # what `dvc metrics show` reads (a sweep point keeps it in its out_dir)
