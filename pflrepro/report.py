@@ -359,8 +359,9 @@ def plot_vs_paper(table: pd.DataFrame, title: str = "", x: str = "method", ylabe
         std = pd.to_numeric(sub["repro_std"], errors="coerce").fillna(0).to_numpy(float)
         ok = np.isfinite(rep)
         ax.bar(xs[ok], rep[ok], color="tab:blue", alpha=0.8)
-        if ok.any():
-            ax.errorbar(xs[ok], rep[ok], yerr=std[ok], fmt="none", ecolor="k", capsize=2, lw=0.8)
+        spread = ok & (std > 0)   # no std (one seed, a measured cost): no cap, which would read as a paper tick
+        if spread.any():
+            ax.errorbar(xs[spread], rep[spread], yerr=std[spread], fmt="none", ecolor="k", capsize=2, lw=0.8)
         # the paper has no number for some cells (mini datasets, methods it leaves out): no tick there
         pv = pd.to_numeric(sub["paper"], errors="coerce").to_numpy(float) if "paper" in sub else np.array([])
         if np.isfinite(pv).any():

@@ -130,3 +130,15 @@ def test_learning_curves_name_facets_by_value_tick_whole_rounds_and_tell_identic
     assert all(float(t).is_integer() for t in ax.get_xticks())
     lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 3]
     assert len(lines) == 2 and lines[0].get_linestyle() != lines[1].get_linestyle()   # solid vs dashed
+
+
+def test_plot_vs_paper_draws_error_bars_only_where_seeds_spread():
+    """A cell without a std (one seed, a measured cost) gets no error bar: its cap sat on the bar's top and read as
+    a paper tick."""
+    t = pd.DataFrame({"method": ["a", "b", "c"], "setting": "s", "reproduced": [80.0, 70.0, 60.0],
+                      "repro_std": [2.0, float("nan"), 0.0], "paper": [float("nan")] * 3})
+    ax = report.plot_vs_paper(t).axes[0]
+    bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(bars) == 1
+    (segments,) = [c.get_segments() for c in bars[0].lines[2]]
+    assert len(segments) == 1 and segments[0][0][1] == 78.0 and segments[0][1][1] == 82.0   # a's 80 +- 2 only
