@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,8 @@ class Param:
             value = tuple(value)
         if not isinstance(value, t) or (t in (int, float) and isinstance(value, bool)):
             raise ConfigError(f"{key}={value!r}: expected {t.__name__}, got {type(value).__name__}")
+        if t is float and not math.isfinite(value):  # nan passes every range check (its comparisons are False)
+            raise ConfigError(f"{key}={value!r}: must be a finite number")
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{key}={value!r}: allowed values are {', '.join(map(repr, self.choices))}")
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):

@@ -29,7 +29,7 @@ import torch
 
 from . import __version__
 from .algorithms import ALGORITHMS
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 from .data import SPECS, FedData, load_dataset, normalise
 from .engine import Context, derive_seed, run_rounds
 from .models import assign_models, build_model
@@ -77,6 +77,10 @@ def build_partition(cfg: RunConfig) -> dict:
     if cfg.subsample < 1.0:
         pool_idx = _stratified_subsample(y_pool, cfg.subsample, derive_seed(cfg.seed, 0x5B5))
     labels = y_pool[pool_idx]
+    if cfg.n_clients > len(labels):  # one check for every partitioner, before any of them works on it
+        raise ConfigError(f"n_clients={cfg.n_clients}: more clients than the {len(labels)} samples the run partitions "
+                          f"({cfg.dataset}, pool={cfg.pool!r}, subsample={cfg.subsample}), so some would get no data; "
+                          f"use n_clients <= {len(labels)}" + (" or a larger subsample" if cfg.subsample < 1.0 else ""))
     parts = PARTITIONERS[cfg.partition](labels, cfg.n_clients, seed=cfg.seed, **cfg.partition_params)
     parts = [pool_idx[p] for p in parts]
     kw = dict(cfg.split_params)

@@ -38,10 +38,9 @@ SCHEDULE_SCHEMA: dict[str, Param] = {
 def trained_share(cfg) -> float:
     """The share of the clients whose training a server step takes: the sampled share of a round, or one (FedAsync)
     or K (FedBuff) arrivals of n clients (pflrepro.parallel.work's estimate)."""
-    p = {k: cfg.schedule.get(k, v.default) for k, v in SCHEDULE_SCHEMA.items()}
-    if p["mode"] == "sync":
+    if cfg.schedule["mode"] == "sync":    # cfg.schedule: filled and checked by RunConfig
         return cfg.participation
-    return min(1.0, (1 if p["mode"] == "fedasync" else p["buffer"]) / cfg.n_clients)
+    return min(1.0, (1 if cfg.schedule["mode"] == "fedasync" else cfg.schedule["buffer"]) / cfg.n_clients)
 
 
 class Synchronous:

@@ -83,3 +83,20 @@ def test_a_validated_config_validates_again():
     cfg = RunConfig.from_dict({"split": "global_test_by_proportion"})
     assert cfg.split_params["scale"] is None
     assert RunConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"lr": float("nan")}, "lr=nan"), ({"lr": float("inf")}, "lr=inf"),
+    ({"lr": "nan"}, "lr=nan"),                                        # the CLI's lr=nan arrives as the string 'nan'
+    ({"momentum": float("nan")}, "momentum=nan"), ({"weight_decay": float("inf")}, "weight_decay=inf"),
+    ({"subsample": float("nan")}, "subsample=nan"),
+    ({"algorithm": "fedprox", "hparams": {"mu": float("nan")}}, "hparams.mu=nan"),
+    ({"algorithm": "fedprox", "hparams": {"mu": float("inf")}}, "hparams.mu=inf"),
+    ({"clock": {"gflops": float("inf")}}, "clock.gflops=inf"),
+])
+def test_nan_and_inf_are_refused_for_every_float_setting(given, message):
+    """nan passes every range check (its comparisons are False) and inf every unbounded one: lr=nan passed
+    validation and failed as a divergence at the first step. Param.check refuses both, naming key and value."""
+    with pytest.raises(ConfigError) as e:
+        RunConfig.from_dict(given)
+    assert str(e.value) == f"{message}: must be a finite number"

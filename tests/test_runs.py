@@ -7,8 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from pflrepro.config import RunConfig
-from pflrepro.runs import REPO_ROOT, code_fingerprint, read_metrics, result_key, run, run_dir, summarise
+from pflrepro.config import ConfigError, RunConfig
+from pflrepro.partition import PARTITIONERS
+from pflrepro.runs import (REPO_ROOT, build_partition, code_fingerprint, read_metrics, result_key, run, run_dir,
+                           summarise)
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 pytestmark = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -135,3 +137,25 @@ def test_git_dirty_ignores_what_the_pipeline_rewrites(tmp_path, monkeypatch):
     assert g["dirty"] is False and len(g["commit"]) == 40
     (tmp_path / "pflrepro/x.py").write_text("1\n")
     assert runs_mod.git_commit()["dirty"] is True
+
+
+@pytest.mark.parametrize("partition", sorted(PARTITIONERS))
+def test_more_clients_than_samples_is_refused_before_any_partitioner(partition):
+    """n_clients above the samples a run partitions (600 at subsample=0.01) is one ConfigError, from the one check
+    every partitioner shares: dirichlet, n_by_s and classes_uniform_shares spent minutes on n_clients=10**7."""
+    cfg = RunConfig.from_dict(small_cfg(partition=partition, subsample=0.01, n_clients=601))
+    with pytest.raises(ConfigError) as e:
+        build_partition(cfg)
+    assert str(e.value) == ("n_clients=601: more clients than the 600 samples the run partitions (fmnist, "
+                            "pool='train', subsample=0.01), so some would get no data; use n_clients <= 600 or a "
+                            "larger subsample")
+
+
+def test_cli_prints_a_config_error_found_at_partitioning_as_one_line(store, capsys):
+    from pflrepro.__main__ import main
+    assert main(["run", "n_clients=10000000", "subsample=0.01", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: n_clients=10000000: more clients than the 600 samples") and \
+        err.count("\n") == 1, err
+    assert main(["run", "lr=nan", "--quiet"]) == 2 and capsys.readouterr().err == \
+        "config error: lr=nan: must be a finite number\n"

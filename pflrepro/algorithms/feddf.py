@@ -37,7 +37,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 
-from ..config import Param
+from ..config import Param, check_params
 from ..engine import clone_state, derive_seed, outputs, weighted_average
 from .base import Algorithm
 
@@ -99,7 +99,7 @@ class FedDF(Algorithm):
     def server_work(cls, cfg):
         """Each architecture's student trains distill_steps batches; the round's teachers score P once (a forward
         pass, a third of a training pass). Mini PerFed-CKT: about 3x the clients' work, 9x with three architectures."""
-        hp = {k: cfg.hparams.get(k, p.default) for k, p in cls.HPARAMS.items()}
+        hp = check_params("hparams", cfg.hparams, cls.HPARAMS)
         students = len(set(cfg.models)) if cfg.heterogeneous else 1
         teachers = max(1.0, cfg.n_clients * cfg.participation)
         return students * hp["distill_steps"] * hp["distill_batch"] + teachers * cfg.public.get("size", 0) / 3
