@@ -9,6 +9,7 @@
     python -m pflrepro report [--results DIR] [--figures DIR] [--out DIR]
     python -m pflrepro train pfedsd_table2 pfedsd_table3 --out results/train/pfedsd.json [--jobs 2] [--executor ray]
     python -m pflrepro cost pfedsd_table2 [--profile paper]
+    python -m pflrepro tune perfed_ckt_table1 --profile mini [--methods fedavg] [--apply]
 """
 from __future__ import annotations
 
@@ -77,7 +78,12 @@ def main(argv=None) -> int:
     c.add_argument("--profile", default="paper", help="profile to cost (default: paper)")
     c.add_argument("--jobs", type=int, help="runs at once on this machine (default: auto)")
     c.add_argument("--missing", action="store_true", help="count only runs not in the store yet")
+    from . import tune
+    tune.add_arguments(sub.add_parser("tune", help="grid search over a notebook's methods (params/tune/<name>.yaml), "
+                                      "the best point per method; --apply records it in params/<name>.yaml"))
     a = ap.parse_args(argv)
+    if a.cmd == "tune":
+        return tune.run_cli(a)
     if a.cmd == "train":
         return _train(a)
     if a.cmd == "cost":
@@ -118,24 +124,24 @@ def main(argv=None) -> int:
         with open(a.config) as f:
             cfg_dict = yaml.safe_load(f) or {}
     cfg_dict = _merge(cfg_dict, parse_overrides(a.overrides))
-    try:
+    try:  # a setting the data refuses (n_clients above the pool's samples) is a config error too: one line
         cfg = RunConfig.from_dict(cfg_dict)
+        if a.cmd == "partition":
+            from .partition import label_counts, plot_partition
+            from .runs import _raw, build_partition
+            split = build_partition(cfg)
+            raw = _raw(cfg.dataset)
+            y = (raw.pooled()[1] if cfg.pool == "train+test" else raw.y_train).numpy()
+            fig = plot_partition(label_counts(y, split["train"], raw.spec.num_classes),
+                                 title=f"{cfg.dataset} {cfg.partition} {cfg.partition_params} K={cfg.n_clients}")
+            fig.savefig(a.out, dpi=120, bbox_inches="tight")
+            print(a.out)
+            return 0
+        from .runs import run
+        res = run(cfg, progress=not a.quiet, force=a.force)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    if a.cmd == "partition":
-        from .partition import label_counts, plot_partition
-        from .runs import _raw, build_partition
-        split = build_partition(cfg)
-        raw = _raw(cfg.dataset)
-        y = (raw.pooled()[1] if cfg.pool == "train+test" else raw.y_train).numpy()
-        fig = plot_partition(label_counts(y, split["train"], raw.spec.num_classes),
-                             title=f"{cfg.dataset} {cfg.partition} {cfg.partition_params} K={cfg.n_clients}")
-        fig.savefig(a.out, dpi=120, bbox_inches="tight")
-        print(a.out)
-        return 0
-    from .runs import run
-    res = run(cfg, progress=not a.quiet, force=a.force)
     print(json.dumps({"path": str(res.path), "summary": res.summary}, indent=2))
     return 0
 

@@ -1,0 +1,107 @@
+"""The grid search of PerFed-CKT's appendix E (pflrepro.tune): grid points, the choice, and the record in params."""
+import json
+import shutil
+
+import pandas as pd
+import pytest
+import yaml
+
+from pflrepro import tune
+from pflrepro.config import ConfigError
+from pflrepro.experiments import load_profile
+from pflrepro.runs import REPO_ROOT
+
+
+def test_points_are_the_cartesian_product_in_grid_order():
+    assert tune.points({"lr": [0.1, 0.01], "batch_size": [32, 64]}) == [
+        {"lr": 0.1, "batch_size": 32}, {"lr": 0.1, "batch_size": 64},
+        {"lr": 0.01, "batch_size": 32}, {"lr": 0.01, "batch_size": 64}]
+    assert tune.points({}) == [{}]
+
+
+def test_nest_turns_dotted_keys_into_run_settings():
+    assert tune.nest({"hparams.lam": 2.0, "hparams.tau": 50, "lr": 0.1}) == {"hparams": {"lam": 2.0, "tau": 50},
+                                                                           "lr": 0.1}
+
+
+def test_per_method_axes_apply_to_matching_methods_only():
+    spec = {"space": {"lr": [0.1]}, "per_method": {"perfed_ckt_*": {"hparams.lam": [1, 2]}}}
+    assert tune.method_space(spec, "perfed_ckt_c3") == {"lr": [0.1], "hparams.lam": [1, 2]}
+    assert tune.method_space(spec, "fedavg") == {"lr": [0.1]}
+
+
+def test_choose_takes_the_best_mean_over_seeds_and_settings_first_on_ties():
+    a, b, c = (json.dumps(p) for p in ({"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}))
+    df = pd.DataFrame([
+        # fedavg: a = (0.6 + 0.8) / 2 = 0.7, b = (0.9 + 0.4) / 2 = 0.65 -> a, though b holds the single best run
+        {"method": "fedavg", "point": a, "seed": 0, "score": 0.6}, {"method": "fedavg", "point": a, "seed": 1, "score": 0.8},
+        {"method": "fedavg", "point": b, "seed": 0, "score": 0.9}, {"method": "fedavg", "point": b, "seed": 1, "score": 0.4},
+        # ckt: b and c tie at 0.5 -> b, the first in grid order
+        {"method": "ckt", "point": a, "seed": 0, "score": 0.3}, {"method": "ckt", "point": b, "seed": 0, "score": 0.5},
+        {"method": "ckt", "point": c, "seed": 0, "score": 0.5}])
+    chosen = tune.choose(df)
+    assert chosen["fedavg"] == {"point": {"lr": 0.1}, "score": pytest.approx(0.7), "runs": 2}
+    assert chosen["ckt"]["point"] == {"lr": 0.01} and chosen["ckt"]["runs"] == 1
+
+
+def test_search_configs_override_only_the_searched_method_and_settings():
+    P = load_profile("perfed_ckt_table1", "mini")
+    spec = {"space": {"lr": [0.1, 0.01]}, "per_method": {"perfed_ckt_*": {"hparams.lam": [0.5]}}}
+    configs, meta = tune.search_configs(P, spec, ["fedavg", "perfed_ckt_c3"])
+    assert len(configs) == 4 and len(meta) == 4
+    ckt = [c for (label, *_), c in configs.items() if meta[label][0] == "perfed_ckt_c3"]
+    assert sorted(c.lr for c in ckt) == [0.01, 0.1]
+    assert all(c.hparams["lam"] == 0.5 and c.hparams["clusters"] == 3 and c.algorithm == "perfed_ckt" for c in ckt)
+    assert all(c.batch_size == P["base"]["batch_size"] for c in configs.values())   # not searched: unchanged
+    with pytest.raises(ConfigError, match="not in params"):
+        tune.search_configs(P, spec, ["no_such_method"])
+
+
+def test_every_profile_of_the_space_file_builds_valid_configs():
+    """The space file's keys are real run settings at every profile (a typo'd key fails validation here)."""
+    for profile in ("smoke", "mini", "paper"):
+        P = load_profile("perfed_ckt_table1", profile)
+        configs, _ = tune.search_configs(P, tune.load_space("perfed_ckt_table1", profile))
+        assert configs
+    paper = tune.load_space("perfed_ckt_table1", "paper")   # appendix E's grid, exactly
+    assert paper["space"] == {"lr": [0.1, 0.05, 0.01, 0.005, 0.001], "batch_size": [32, 64, 128]}
+    assert paper["per_method"]["perfed_ckt_*"] == {"hparams.tau": [10, 30, 50], "hparams.public_batch": [32, 64, 128],
+                                                   "hparams.lam": [0.05, 0.1, 0.5, 1, 2, 4]}
+
+
+def test_a_bad_space_is_refused_with_one_line(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="params/tune/pfedsd_table2.yaml does not exist"):
+        tune.load_space("pfedsd_table2", "mini")
+    with pytest.raises(ConfigError, match="defines smoke, mini, paper"):
+        tune.load_space("perfed_ckt_table1", "evidence")
+
+
+def test_apply_records_the_choice_in_params_keeping_comments(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("profile: mini  # keep me\nprofiles:\n  mini:\n    methods:\n      fedavg: {}\n"
+                    "      ckt: {algorithm: perfed_ckt, hparams: {clusters: 3}}   # and me\n      other: {}\n")
+    tune.apply(path, "mini", {"fedavg": {"point": {"lr": 0.05}}, "ckt": {"point": {"hparams.lam": 2.0, "lr": 0.01}}})
+    text = path.read_text()
+    assert "# keep me" in text and "# and me" in text
+    methods = yaml.safe_load(text)["profiles"]["mini"]["methods"]
+    assert methods == {"fedavg": {"lr": 0.05}, "ckt": {"algorithm": "perfed_ckt", "hparams": {"clusters": 3, "lam": 2.0},
+                                                       "lr": 0.01}, "other": {}}
+
+
+def test_tune_runs_the_smoke_grid_and_writes_scores(tmp_path, monkeypatch):
+    """End to end at smoke: 2 learning rates x 2 methods train as ordinary runs, the scores and the choice are
+    written, and --apply records it in (a copy of) the params."""
+    monkeypatch.setenv("PFLREPRO_RESULTS", str(tmp_path / "results"))
+    params = tmp_path / "repo" / "params"
+    shutil.copytree(REPO_ROOT / "params", params)
+    monkeypatch.setattr(tune, "REPO_ROOT", tmp_path / "repo")
+    r = tune.tune("perfed_ckt_table1", "smoke", progress=False, write=True)
+    df = pd.read_csv(r["out"] / "scores.csv")
+    assert len(df) == 4 and set(df["method"]) == {"fedavg", "perfed_ckt_c1"}
+    assert df["score"].between(0, 1).all()
+    for method, c in r["chosen"].items():
+        assert c["score"] == pytest.approx(df[df["method"] == method]["score"].max())
+    written = yaml.safe_load((params / "perfed_ckt_table1.yaml").read_text())["profiles"]["smoke"]["methods"]
+    assert written["fedavg"]["lr"] == r["chosen"]["fedavg"]["point"]["lr"]
+    assert written["perfed_ckt_c1"]["hparams"]["lam"] == 2.0
+    assert yaml.safe_load((r["out"] / "chosen.yaml").read_text())["chosen"] == r["chosen"]
