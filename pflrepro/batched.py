@@ -528,13 +528,25 @@ def group_key(ctx: Context, k: int, plan: Plan):
         return None
 
 
-def slower_batched(module: nn.Module, device: torch.device) -> bool:
-    """engine='auto' trains this architecture per client: on a CPU, `vmap` turns a grouped
-    convolution (MobileNetV2's depthwise layers) over stacked client weights into one convolution
-    with clients x groups groups, which oneDNN runs slower than a loop over the clients (pFedSD
-    Table 8 mini, MobileNetV2, 6 clients: 20.4 s batched vs 14.6 s per client, 2026-11-23)."""
-    return torch.device(device).type == "cpu" and any(
-        isinstance(m, nn.Conv2d) and m.groups > 1 for m in module.modules())
+BATCHED_CONV_MAX_BATCH = 64   # on a CPU, convolutional models at batches this large train faster client by client
+
+
+def slower_batched(module: nn.Module, device: torch.device, batch_size: int = 0) -> bool:
+    """engine='auto' trains this architecture per client. Measured on CPUs only (no GPU has been lent to this
+    project), so a GPU always batches:
+    - a grouped convolution (MobileNetV2's depthwise layers): `vmap` over stacked client weights makes one
+      convolution with clients x groups groups, which oneDNN runs slower than a loop over the clients (pFedSD
+      Table 8 mini, MobileNetV2, 6 clients: 20.4 s batched vs 14.6 s per client, 2026-11-23);
+    - any convolution at batch size >= BATCHED_CONV_MAX_BATCH: the grouped layouts' convolution backward and
+      pooling cost more than the per-step overhead batching removes (benchmarks/bench_engines.py, pFedSD's CIFAR
+      CNN: 0.64x per-client speed at B=64, 0.98x at B=10; README's CLI example, B=64: 208 s auto against 123 s
+      per client; DC-PFL's mini CNN at B=64: 0.90x, the example's at B=64: 0.92x, 2026-11-25). At B=16-32 the
+      two paths are within about 10 % either way, and batching wins where a second phase batches too (Ditto
+      1.18x, pFedSD 1.57x at B=16), so smaller batches stay batched."""
+    if torch.device(device).type != "cpu":
+        return False
+    convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]
+    return any(m.groups > 1 for m in convs) or (bool(convs) and batch_size >= BATCHED_CONV_MAX_BATCH)
 
 
 def batched_round(ctx: Context, algo, rnd: int, selected: list[int], server: dict, clients: dict) -> list:
@@ -577,7 +589,7 @@ def train_plans(ctx: Context, rnd: int, plans: dict, on_trained) -> None:
         else:
             groups.setdefault(key, []).append(k)
     for ks in groups.values():
-        if cfg.engine == "auto" and (len(ks) == 1 or slower_batched(ctx.model(ks[0]), ctx.device)):
+        if cfg.engine == "auto" and (len(ks) == 1 or slower_batched(ctx.model(ks[0]), ctx.device, cfg.batch_size)):
             singles += ks
             continue
         need = _need(ctx, ks[0], plans[ks[0]])

@@ -481,11 +481,12 @@ def run_rounds(ctx: Context, algo, *, start: dict | None = None,
         losses = [u["loss"] if isinstance(u, dict) else u.loss for u in arrived]
         server = sched.aggregate(algo, rnd, server, arrived, clients)
         if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
+            t_eval = time.perf_counter()
             row, accs = evaluate(ctx, algo, server, clients)
             now = time.perf_counter()
-            row = {"round": rnd, "train_loss": float(np.mean(losses)), **row,
+            row = {"round": rnd, "train_loss": float(np.mean(losses)), **row,   # wall times last (not results)
                    "bytes_up": counters["bytes_up"], "bytes_down": counters["bytes_down"],
-                   **sim, "seconds": now - t_last}
+                   **sim, "seconds": now - t_last, "eval_seconds": now - t_eval}
             t_last = now
             history.append(row)
             per_client.append(accs)

@@ -112,6 +112,17 @@ def _unlock(path: Path, fd: int) -> None:
 
 
 # ---------------------------------------------------------------- executors
+def check_datasets(configs: list[RunConfig]) -> None:
+    """Load every dataset the runs read (their data and public sets) before the first one trains: a paper-profile
+    grid whose later rows need a dataset this machine lacks stops now with the loader's message (what to install,
+    where to put files), not after hours of training its first rows. The loads are the ones the runs in this
+    process make anyway (runs._raw keeps them). A Ray driver does not check: its nodes hold the data."""
+    from .runs import _raw
+    names = {c.dataset for c in configs} | {c.public["dataset"] for c in configs if c.public.get("dataset")}
+    for name in sorted(names):
+        _raw(name)
+
+
 class LocalExecutor:
     """This machine: `jobs` runs at once, each at threads_per_run(jobs) threads (pflrepro.parallel)."""
 
@@ -125,6 +136,7 @@ class LocalExecutor:
 
     def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False) -> None:
         from . import parallel
+        check_datasets(configs)
         parallel.train_all(configs, root, self.jobs, on_done=on_done, progress=bars and self.jobs == 1)
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 
 from .config import ConfigError, RunConfig
-from .runs import REPO_ROOT, RunResult, results_root, run, run_dir
+from .runs import METRICS, OPTIONAL_METRICS, REPO_ROOT, RunResult, results_root, run, run_dir
 
 PROFILES = ("smoke", "mini", "paper")
 
@@ -43,6 +43,17 @@ def merge(base: dict, over: dict | None) -> dict:
 
 
 PROFILE_KEYS = ("seeds", "base", "settings", "methods", "per_dataset", "extra")
+# keys a params file may hold beside `profiles`: which profile, where it inherits from, and what its notebook reads
+FILE_KEYS = ("profile", "profiles", "inherit", "source", "paper_table", "paper_column", "metric", "gm_rows", "scale",
+             "targets", "pairs", "methods_shown", "finetune_epochs", "bandwidth_mbps", "parallel_clients", "reference",
+             "method")
+
+
+def _unknown(what: str, key: str, allowed) -> ConfigError:
+    import difflib
+    near = difflib.get_close_matches(key, allowed, n=1)
+    return ConfigError(f"{what}: unknown key{f' (did you mean {near[0]!r}?)' if near else ''}; allowed: "
+                       + ", ".join(allowed))
 _WHOLE = ("seeds", "settings", "methods")  # replaced, not merged, by an inheriting file
 
 
@@ -54,6 +65,9 @@ def read_params(name: str, _seen: tuple = ()) -> dict:
     if name in _seen:
         raise ConfigError(f"params/{name}.yaml: inherit/source cycle {' -> '.join(_seen + (name,))}")
     doc = yaml.safe_load(path.read_text()) or {}
+    for key in doc:
+        if key not in FILE_KEYS:   # a misspelt `profle: smoke` would otherwise be ignored and run the default
+            raise _unknown(f"params/{name}.yaml: {key}", key, FILE_KEYS)
     parent_name = doc.get("inherit") or (doc.get("source") if "profiles" not in doc else None)
     if parent_name:
         parent = read_params(parent_name, _seen + (name,))
@@ -81,8 +95,11 @@ def load_profile(name: str, profile: str | None = None, overrides: dict | None =
         if k not in ("profile", "profiles"):
             p.setdefault(k, v)
     if unknown:
-        raise ConfigError(f"params/{name}.yaml:{profile}.{sorted(unknown)[0]}: unknown key; allowed: "
-                          + ", ".join(PROFILE_KEYS))
+        key = sorted(unknown)[0]
+        raise _unknown(f"params/{name}.yaml:{profile}.{key}", key, PROFILE_KEYS)
+    metric = p.get("metric", "pm_acc_mean")
+    if metric not in METRICS + OPTIONAL_METRICS:   # else a KeyError after every run has trained
+        raise _unknown(f"params/{name}.yaml: metric={metric!r}", metric, METRICS + OPTIONAL_METRICS)
     for k in ("seeds", "base", "methods"):
         if k not in p:
             raise ConfigError(f"params/{name}.yaml:{profile}: missing `{k}`")

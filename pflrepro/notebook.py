@@ -20,9 +20,43 @@ from . import experiments, report
 from .runs import REPO_ROOT
 
 
+def _assigned(source: str) -> set[str]:
+    import ast
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    return {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+
+
+def check_injected_parameters(history: list[str] | None = None) -> None:
+    """papermill only warns about a parameter the notebook does not declare (`-p profle smoke` printed "Passed
+    unknown parameter" and ran the default profile): stop instead, naming it and the declared ones. Reads the
+    kernel's input history: the notebook's parameters cell (first line "# Parameters (papermill ...") declares,
+    papermill's injected cell (first line exactly "# Parameters") sets. Outside a papermill run, nothing to check."""
+    if history is None:
+        try:
+            from IPython import get_ipython
+            ip = get_ipython()
+        except ImportError:
+            ip = None
+        history = list(ip.user_ns.get("In", [])) if ip is not None else []
+    first = [(src.split("\n", 1)[0].strip(), src) for src in history]
+    declared = set().union(*(_assigned(src) for head, src in first if head.startswith("# Parameters (")))
+    injected = set().union(*(_assigned(src) for head, src in first if head == "# Parameters"))
+    unknown = sorted(injected - declared)
+    if declared and unknown:
+        import difflib
+        near = difflib.get_close_matches(unknown[0], sorted(declared), n=1)
+        raise experiments.ConfigError(f"papermill parameter {unknown[0]!r}: the notebook declares no such parameter"
+                                      f"{f' (did you mean {near[0]!r}?)' if near else ''}; declared: "
+                                      + ", ".join(sorted(declared)))
+
+
 class Experiment:
     def __init__(self, name: str, profile: str | None = None, overrides: dict | None = None,
                  out_dir: str | None = None, verbose: bool = True):
+        check_injected_parameters()
         self.name, self.out_dir = name, out_dir
         self.P = experiments.load_profile(name, profile, overrides)
         self.profile = self.P["profile"]
@@ -120,7 +154,8 @@ class Experiment:
                 "runs": {"/".join(map(str, k)): {"path": str(r.path.name),
                                                   **{x: r.provenance.get(x) for x in (
                                                       "config_sha256", "code_sha256", "seed", "dataset",
-                                                      "dataset_source", "device", "wall_seconds", "git", "torch")}}
+                                                      "dataset_source", "device", "wall_seconds", "eval_seconds",
+                                                      "git", "torch")}}
                          for k, r in results.items()}}
         (self.res_dir / "provenance.json").write_text(json.dumps(prov, indent=2))
         if results:

@@ -261,8 +261,17 @@ def provenance_markdown(st: Stage) -> str:
              f"**code fingerprints** {len({r.get('code_sha256') for r in st.runs if r.get('code_sha256')})}",
              f"- **compute** {_duration(st.wall_seconds)}: the sum of `wall_seconds` over the {len(timed)} runs it "
              f"used, as each was trained (runs trained side by side overlap in time; a run several stages render "
-             f"counts in each of them, once in the paper's total)"]
+             f"counts in each of them, once in the paper's total){_eval_share(st.runs)}"]
     return "\n".join(lines) + "\n"
+
+
+def _eval_share(runs: list) -> str:
+    """'; evaluation N % of it' over the runs whose provenance times their evaluation (`eval_every` sets how often)."""
+    timed = [r for r in runs if r.get("eval_seconds") is not None and r.get("wall_seconds")]
+    if not timed:
+        return ""
+    share = sum(r["eval_seconds"] for r in timed) / sum(r["wall_seconds"] for r in timed)
+    return f"; evaluation {100 * share:.0f} % of it (`eval_every` sets how often a run evaluates)"
 
 
 def _stage_title(st: Stage) -> str:

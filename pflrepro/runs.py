@@ -354,11 +354,14 @@ def _load_partition(path: Path) -> dict:
     return out
 
 
+WALL_COLUMNS = ("seconds", "eval_seconds")   # a round's wall time, and the part of it its evaluation took
+
+
 def read_metrics(path: Path) -> list[dict]:
-    """A stored run's metrics.csv as rows of strings, without its wall-time column (`seconds`): what
-    two runs must share, to the last digit, to have computed the same thing."""
+    """A stored run's metrics.csv as rows of strings, without its wall-time columns (`seconds`, `eval_seconds`):
+    what two runs must share, to the last digit, to have computed the same thing."""
     with open(Path(path) / "metrics.csv", newline="") as f:
-        return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(f)]
+        return [{k: v for k, v in r.items() if k not in WALL_COLUMNS} for r in csv.DictReader(f)]
 
 
 def _write_metrics(path: Path, history: list, per_client: list):
@@ -409,6 +412,8 @@ def provenance(cfg: RunConfig, ctx: Context, wall: float, res, git: dict) -> dic
         "git": git, "pflrepro": __version__, "python": platform.python_version(),
         "torch": torch.__version__, "numpy": numpy.__version__, "platform": platform.platform(),
         "wall_seconds": wall, "resumed_from_round": res.resumed_from,
+        # of which evaluation (every `eval_every` rounds: GM on the global test set, every PM on its local test)
+        "eval_seconds": sum(r.get("eval_seconds", 0.0) for r in res.history),
         "bytes_up": res.bytes_up, "bytes_down": res.bytes_down,
         "train_samples": res.samples, "forward_flops_per_sample": fwd,
         # training FLOPs ~ 3x forward (forward + backward wrt inputs and weights)

@@ -23,7 +23,7 @@ from pflrepro.algorithms import ALGORITHMS
 from pflrepro.batched import MemoryBudgetError, NotBatchable, local_train_many, uses_plans
 from pflrepro.config import RunConfig
 from pflrepro.engine import batchable, local_train, run_rounds
-from pflrepro.runs import build_context
+from pflrepro.runs import WALL_COLUMNS, build_context
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -330,7 +330,7 @@ def _run(cfg: dict, **kw):
 def _assert_same_as_per_client(got, cfg: dict):
     """An `auto` fallback is the per-client path itself: every metric equal, not just close."""
     want = _run({**cfg, "engine": "per_client"})
-    drop = ("seconds",)  # wall time is not a metric
+    drop = WALL_COLUMNS  # wall time is not a metric
     assert [{k: v for k, v in h.items() if k not in drop} for h in got.history] == \
         [{k: v for k, v in h.items() if k not in drop} for h in want.history]
     assert got.per_client == want.per_client
@@ -434,6 +434,11 @@ def test_auto_trains_grouped_convolutions_per_client_on_cpu(monkeypatch):
     assert batched.slower_batched(nn.Sequential(nn.Conv2d(4, 4, 3, groups=4)), torch.device("cpu"))
     assert not batched.slower_batched(nn.Sequential(nn.Conv2d(4, 4, 3, groups=4)), torch.device("cuda"))
     assert not batched.slower_batched(_conv(0), torch.device("cpu"))
+    # any convolution at B >= 64 on a CPU trains per client (measured 0.64-0.92x batched there); MLPs always batch
+    assert not batched.slower_batched(_conv(0), torch.device("cpu"), batch_size=63)
+    assert batched.slower_batched(_conv(0), torch.device("cpu"), batch_size=64)
+    assert not batched.slower_batched(_conv(0), torch.device("cuda"), batch_size=64)
+    assert not batched.slower_batched(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)), torch.device("cpu"), batch_size=512)
     spy = _Spy(monkeypatch)
     cfg = _round_cfg("fedavg", "auto", model="mobilenetv2", n_clients=2, rounds=1, subsample=0.04,
                      partition_params={"alpha": 1.0, "min_size": 8})

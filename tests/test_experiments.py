@@ -96,6 +96,39 @@ def test_params_errors_are_clear(params_dir):
         experiments.load_profile("nope")
 
 
+def test_misspelt_file_keys_and_metrics_stop_before_any_run(params_dir):
+    """`profle: smoke` was ignored (the default profile ran) and `metric: pm_acc_maen` failed with a KeyError after
+    every run had trained (issue 16): both stop at reading the params, naming the key and what is allowed."""
+    (params_dir / "p.yaml").write_text(PARENT)
+    (params_dir / "typo.yaml").write_text("inherit: p\nprofle: smoke\n")
+    with pytest.raises(ConfigError, match=r"params/typo.yaml: profle: unknown key \(did you mean 'profile'\?\)"):
+        experiments.load_profile("typo")
+    (params_dir / "m.yaml").write_text("inherit: p\nmetric: pm_acc_maen\n")
+    with pytest.raises(ConfigError, match=r"metric='pm_acc_maen': unknown key \(did you mean 'pm_acc_mean'\?\); "
+                                          r"allowed: gm_acc, pm_acc_mean"):
+        experiments.load_profile("m")
+    (params_dir / "ok.yaml").write_text("inherit: p\nmetric: gm_acc\n")
+    assert experiments.load_profile("ok")["metric"] == "gm_acc"
+
+
+@pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
+def test_a_grid_needing_a_missing_dataset_stops_before_its_first_run(tmp_path, monkeypatch, store):
+    """A paper grid whose later rows need CIFAR-10 (absent here) trained its Fashion-MNIST rows for hours before
+    failing: the local executor loads every dataset the runs read before training any of them."""
+    from pflrepro import data, executors
+    from pflrepro.config import RunConfig
+    monkeypatch.setenv("PFLREPRO_DATA", str(tmp_path / "no-data"))
+    fm = RunConfig.from_dict({"dataset": "fmnist", "subsample": 0.01, "n_clients": 2, "rounds": 1})
+    cifar = fm.replace(dataset="cifar10")
+    trained = []
+    monkeypatch.setattr("pflrepro.parallel.train_all", lambda configs, *a, **k: trained.extend(configs))
+    with pytest.raises(data.DatasetUnavailable, match="cifar10"):
+        executors.LocalExecutor(1).train_all([fm, cifar], tmp_path / "runs")
+    assert trained == []
+    executors.LocalExecutor(1).train_all([fm], tmp_path / "runs")   # what is there passes the check
+    assert trained == [fm]
+
+
 def test_rounds_to_reach_hand_made_curves():
     rows = []
     for m, accs in {"fedper": [10, 40, 60, 70], "pfedsd": [30, 65, 72, 80]}.items():

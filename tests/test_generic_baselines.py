@@ -16,7 +16,7 @@ from pflrepro.algorithms.scaffold import Scaffold
 from pflrepro.algorithms.server_opt import FedAvgM, FedDyn
 from pflrepro.config import RunConfig
 from pflrepro.engine import ModelView, run_rounds, state_bytes
-from pflrepro.runs import build_context, run
+from pflrepro.runs import WALL_COLUMNS, build_context, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -259,7 +259,7 @@ def test_scaffold_resume_repeats_the_uninterrupted_run():
     assert start["clients"] and all(set(c) == {"c"} for c in start["clients"].values())
     ctx2 = build_context(cfg, torch.device("cpu"))
     resumed = run_rounds(ctx2, ALGORITHMS["scaffold"](ctx2), start=start, progress=False)
-    drop = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    drop = lambda h: [{k: v for k, v in r.items() if k not in WALL_COLUMNS} for r in h]  # noqa: E731
     assert resumed.resumed_from == 2 and drop(resumed.history) == drop(full.history)
     for part in ("params", "c"):
         assert all(torch.equal(resumed.server[part][n], full.server[part][n]) for n in full.server[part])

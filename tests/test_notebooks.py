@@ -88,3 +88,27 @@ def test_notebook_renders_on_smoke(name, tmp_path, shared_store):
         curves = pd.read_csv(tmp_path / "curves.csv")   # what `dvc plots show` draws, one line per curve
         assert list(curves.columns) == ["round", "curve", ns["E"].metric] and len(curves) > 0
         assert curves["curve"].nunique() == len({(k[0], k[1]) for k in ns["E"].configs}) and curves["round"].min() >= 0
+
+
+def test_a_papermill_parameter_the_notebook_does_not_declare_stops_it():
+    """`papermill ... -p profle smoke` only printed "Passed unknown parameter" and ran the default profile (issue 16):
+    the notebook stops, naming the parameter, from the kernel's input history (its own parameters cell declares,
+    papermill's injected "# Parameters" cell sets). Interactive use (no injected cell) is never checked."""
+    from pflrepro.config import ConfigError
+    from pflrepro.notebook import check_injected_parameters
+    own = _code_cells("pfedsd_table2")[0]
+    assert own.startswith("# Parameters (")
+    check_injected_parameters(["", own, '# Parameters\nprofile = "smoke"\nout_dir = "x"\n', "E = 1"])   # declared
+    check_injected_parameters(["", own, "profle = 'smoke'"])        # typed by hand in JupyterLab: not papermill's
+    with pytest.raises(ConfigError, match=r"papermill parameter 'profle'.*did you mean 'profile'.*declared: executor"):
+        check_injected_parameters(["", own, '# Parameters\nprofle = "smoke"\n'])
+
+
+def test_papermill_refuses_an_unknown_parameter_end_to_end(tmp_path):
+    """The real thing on the example notebook (it stops in its setup cell, before any run)."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+    with pytest.raises(PapermillExecutionError, match="papermill parameter 'profle'"):
+        papermill.execute_notebook(str(REPO_ROOT / "notebooks" / "example.ipynb"), str(tmp_path / "out.ipynb"),
+                                   parameters={"profle": "smoke", "out_dir": str(tmp_path)}, progress_bar=False,
+                                   cwd=str(REPO_ROOT))

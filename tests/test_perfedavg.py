@@ -11,7 +11,7 @@ from pflrepro import algorithms
 from pflrepro.algorithms.perfedavg import PerFedAvg
 from pflrepro.config import RunConfig
 from pflrepro.engine import Context, derive_seed, run_rounds
-from pflrepro.runs import build_context, run
+from pflrepro.runs import WALL_COLUMNS, build_context, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -174,7 +174,7 @@ def test_same_config_twice_gives_identical_runs(registered):
     for _ in range(2):
         ctx = build_context(cfg, torch.device("cpu"))
         outs.append(run_rounds(ctx, PerFedAvg(ctx, **cfg.hparams), progress=False))
-    drop = ("seconds",)
+    drop = WALL_COLUMNS
     a, b = ([{k: v for k, v in r.items() if k not in drop} for r in o.history] for o in outs)
     assert a == b and len(a) == 2
     assert a[0]["train_loss"] != a[1]["train_loss"]                          # it did train

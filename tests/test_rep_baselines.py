@@ -11,7 +11,7 @@ from pflrepro.algorithms.fedbsd import feature_kd
 from pflrepro.algorithms.fedrod import RoD, bsm_loss, rod_losses
 from pflrepro.config import RunConfig
 from pflrepro.engine import Then, clone_state, run_rounds
-from pflrepro.runs import build_context, run
+from pflrepro.runs import WALL_COLUMNS, build_context, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -221,7 +221,7 @@ def test_fedrod_resumed_run_equals_a_straight_run():
     ctx2 = _ctx(**kw)
     resumed = run_rounds(ctx2, ALGORITHMS["fedrod"](ctx2, pm_epochs=1), start=start, progress=False)
     assert resumed.resumed_from == 2
-    drop = ("seconds",)
+    drop = WALL_COLUMNS
     assert [{k: v for k, v in r.items() if k not in drop} for r in resumed.history] == \
            [{k: v for k, v in r.items() if k not in drop} for r in straight.history]
     assert _same(resumed.server["params"], straight.server["params"], straight.server["params"])

@@ -24,6 +24,10 @@ def test_fedavg_learns_on_fmnist(store):
     p = res.provenance
     assert p["seed"] == 0 and p["device"] == "cpu" and p["bytes_up"] > 0 and p["train_flops_estimate"] > 0
     assert "commit" in p["git"]
+    # what evaluation costs is visible: each evaluated round's share of its wall time, and the run's total
+    assert all(0 < r["eval_seconds"] < r["seconds"] for r in res.history)
+    assert p["eval_seconds"] == pytest.approx(sum(r["eval_seconds"] for r in res.history))
+    assert 0 < p["eval_seconds"] < p["wall_seconds"]
 
 
 @pytest.mark.parametrize("algorithm, hparams, partition, floor", [
