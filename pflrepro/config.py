@@ -201,9 +201,8 @@ class RunConfig:
         if cfg.schedule["mode"] != "sync" and algo_cls.aggregate is not algorithms.Algorithm.aggregate:
             raise ConfigError(f"schedule.mode={cfg.schedule['mode']!r}: the asynchronous servers mix uploaded models "
                               f"(FedAsync/FedBuff rules); algorithm={cfg.algorithm!r} aggregates its own way")
-        if top["split"] == "global_test_by_proportion" and top["pool"] != "train":
-            raise ConfigError("split='global_test_by_proportion' samples local tests from the global test set: "
-                              "it needs pool='train'")
+        if top["split"] in ("global_test_by_proportion", "domain_test") and top["pool"] != "train":
+            raise ConfigError(f"split={top['split']!r} takes local tests from the global test set: it needs pool='train'")
         return cfg
 
     @property

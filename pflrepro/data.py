@@ -12,14 +12,21 @@ Lookup order for a real dataset:
    already holds the files.
 3. torchvision's download (only if `download=True`; fails offline).
 Anything else raises `DatasetUnavailable` saying what to install or where to put files.
+
+A multi-domain dataset (FedBSD Fig. 3: one domain per client) names its `domains` and carries its own
+`loader` in its spec; its `RawDataset` gives every image's domain (`d_train`, `d_test`), which the
+`by_domain` partitioner reads. `fmnist-domains` is built offline from Fashion-MNIST; `digits` and
+`domainnet` read files the user puts under `$PFLREPRO_DATA` (see their loaders).
 """
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -51,6 +58,8 @@ class DatasetSpec:
     mean: tuple
     std: tuple
     torchvision_cls: str | None = None
+    domains: tuple = ()                  # a multi-domain set: its domains' names, in client order
+    loader: Callable | None = None       # loader(spec) -> RawDataset, for sets without a torchvision class
 
 
 SPECS = {
@@ -64,11 +73,12 @@ SPECS = {
         DatasetSpec("svhn", 3, 32, 10, 73257, 26032, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "SVHN"),
     ]
 }
-# Stand-ins: same shapes and class counts as the real set, deterministic content.
-for _n in list(SPECS):
-    SPECS[f"fake-{_n}"] = DatasetSpec(f"fake-{_n}", *[getattr(SPECS[_n], f) for f in
-                                      ("channels", "size", "num_classes", "n_train", "n_test", "mean", "std")])
-DATASETS = sorted(SPECS)
+
+
+def _add_stand_ins() -> None:
+    """Stand-ins: same shapes, class counts (and domains) as the real set, deterministic content."""
+    for n in [n for n in SPECS if not n.startswith("fake-")]:
+        SPECS[f"fake-{n}"] = dataclasses.replace(SPECS[n], name=f"fake-{n}", torchvision_cls=None, loader=None)
 
 
 @dataclass
@@ -80,10 +90,18 @@ class RawDataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     source: str
+    d_train: torch.Tensor | None = None   # multi-domain sets: each image's domain (index into spec.domains)
+    d_test: torch.Tensor | None = None
 
     def pooled(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Train and test concatenated (pFedSD partitions the union)."""
         return torch.cat([self.x_train, self.x_test]), torch.cat([self.y_train, self.y_test])
+
+    def domains(self, pool: str) -> torch.Tensor | None:
+        """Each pool image's domain (`pool` 'train' or 'train+test'), None for a single-domain set."""
+        if self.d_train is None:
+            return None
+        return self.d_train if pool == "train" else torch.cat([self.d_train, self.d_test])
 
 
 def data_root() -> Path:
@@ -187,7 +205,8 @@ def _fake(spec: DatasetSpec, scale: float = 1.0) -> RawDataset:
 
     xtr, ytr = make(n_tr)
     xte, yte = make(n_te)
-    return RawDataset(spec, xtr, ytr, xte, yte, source="synthetic stand-in")
+    dom = (lambda n: torch.arange(n) * len(spec.domains) // n) if spec.domains else (lambda n: None)  # noqa: E731
+    return RawDataset(spec, xtr, ytr, xte, yte, source="synthetic stand-in", d_train=dom(n_tr), d_test=dom(n_te))
 
 
 def tensor_cache_dir() -> Path:
@@ -222,6 +241,8 @@ def load_dataset(name: str, download: bool = False, fake_scale: float = 1.0) -> 
     spec = SPECS[name]
     if name.startswith("fake-"):
         return _fake(spec, fake_scale)
+    if spec.loader is not None:
+        return spec.loader(spec)
     cached = tensor_cache_dir() / f"{name}.pt"
     if cached.exists():
         return _load_tensor_cache(spec, cached)
@@ -230,6 +251,110 @@ def load_dataset(name: str, download: bool = False, fake_scale: float = 1.0) -> 
             if all((folder / f).exists() for f in FMNIST_SHA256):
                 return _load_fmnist_idx(folder)
     return _load_torchvision(spec, data_root(), download)
+
+
+# ---------------------------------------------------------------- multi-domain sets (FedBSD Fig. 3)
+FMNIST_DOMAINS = ("original", "inverted", "rotated", "noisy", "lowres")
+
+
+def fmnist_domain_transform(x: torch.Tensor, domain: str, seed: int = 0) -> torch.Tensor:
+    """One feature shift of uint8 Fashion-MNIST images (N, 1, 28, 28); labels keep their meaning.
+    original; inverted (255 - x); rotated (90 degrees counter-clockwise); noisy (+ Gaussian noise, std 64,
+    clamped); lowres (4x4 average-pooled to 7x7, then upsampled by nearest neighbour back to 28x28)."""
+    if domain == "original":
+        return x.clone()
+    if domain == "inverted":
+        return 255 - x
+    if domain == "rotated":
+        return torch.rot90(x, 1, dims=(2, 3)).contiguous()
+    if domain == "noisy":
+        g = torch.Generator().manual_seed(seed)
+        return (x.float() + 64.0 * torch.randn(x.shape, generator=g)).round().clamp(0, 255).to(torch.uint8)
+    if domain == "lowres":
+        small = torch.nn.functional.avg_pool2d(x.float(), 4)
+        return torch.nn.functional.interpolate(small, scale_factor=4, mode="nearest").round().to(torch.uint8)
+    raise ValueError(f"unknown Fashion-MNIST domain {domain!r}; known: {FMNIST_DOMAINS}")
+
+
+def _domain_ids(n: int, n_domains: int, seed: int) -> torch.Tensor:
+    """Disjoint, equal-sized (up to one) random domains for n images, from a fixed seed."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    d = torch.empty(n, dtype=torch.long)
+    d[perm] = torch.arange(n) * n_domains // n
+    return d
+
+
+def _load_fmnist_domains(spec: DatasetSpec) -> RawDataset:
+    """Fashion-MNIST split into len(spec.domains) disjoint random fifths (train and test halves alike), each
+    fifth under its domain's feature shift (`fmnist_domain_transform`): FedBN's Digits setting (same labels,
+    shifted features, one domain per client) built offline."""
+    base = load_dataset("fmnist")
+    out = {}
+    for half, x, salt in (("train", base.x_train, 0xD0), ("test", base.x_test, 0xD1)):
+        d = _domain_ids(len(x), len(spec.domains), salt)
+        x = x.clone()
+        for i, dom in enumerate(spec.domains):
+            idx = torch.nonzero(d == i).flatten()
+            x[idx] = fmnist_domain_transform(x[idx], dom, seed=salt * 16 + i)
+        out[half] = (x, d)
+    return RawDataset(spec, out["train"][0], base.y_train, out["test"][0], base.y_test,
+                      source=f"{base.source} under the domain shifts {', '.join(spec.domains)}",
+                      d_train=out["train"][1], d_test=out["test"][1])
+
+
+def _load_domain_files(spec: DatasetSpec) -> RawDataset:
+    """A multi-domain set from files the user provides (no public torchvision class reads them):
+    `$PFLREPRO_DATA/<name>/<domain>_train.npz` and `<domain>_test.npz` for every domain, each holding uint8 `x`
+    (N, H, W, C) or (N, C, H, W) already resized to the spec's size and channels, and integer labels `y`
+    (see docs/fidelity.md "FedBSD Fig. 3" for how FedBN prepares them)."""
+    folder = data_root() / spec.name
+    xs, ys, ds = {"train": [], "test": []}, {"train": [], "test": []}, {"train": [], "test": []}
+    missing = [str(folder / f"{dom}_{half}.npz") for dom in spec.domains for half in ("train", "test")
+               if not (folder / f"{dom}_{half}.npz").exists()]
+    if missing:
+        raise DatasetUnavailable(
+            f"Dataset '{spec.name}' is not available offline and pflrepro does not download it.\n"
+            f"  Fix: put one file per domain and half under {folder} (or set PFLREPRO_DATA): "
+            f"{', '.join(f'{d}_{{train,test}}.npz' for d in spec.domains)}, each with uint8 `x` of shape "
+            f"(N, {spec.size}, {spec.size}, {spec.channels}) or (N, {spec.channels}, {spec.size}, {spec.size}) "
+            f"and integer labels `y` in [0, {spec.num_classes}).\n  Missing: {', '.join(missing)}")
+    for i, dom in enumerate(spec.domains):
+        for half in ("train", "test"):
+            with np.load(folder / f"{dom}_{half}.npz", allow_pickle=False) as f:
+                x, y = torch.from_numpy(np.asarray(f["x"], np.uint8)), torch.from_numpy(np.asarray(f["y"], np.int64))
+            if x.ndim == 4 and x.shape[-1] == spec.channels and x.shape[1] != spec.channels:
+                x = x.permute(0, 3, 1, 2)
+            if tuple(x.shape[1:]) != (spec.channels, spec.size, spec.size) or len(x) != len(y):
+                raise DatasetUnavailable(f"{folder / f'{dom}_{half}.npz'}: x {tuple(x.shape)}, y {tuple(y.shape)}; "
+                                         f"expected (N, {spec.channels}, {spec.size}, {spec.size}) and (N,)")
+            if len(y) and (int(y.min()) < 0 or int(y.max()) >= spec.num_classes):
+                raise DatasetUnavailable(f"{folder / f'{dom}_{half}.npz'}: labels outside [0, {spec.num_classes})")
+            xs[half].append(x.contiguous())
+            ys[half].append(y)
+            ds[half].append(torch.full((len(y),), i, dtype=torch.long))
+    cat = lambda t, h: torch.cat(t[h])   # noqa: E731
+    return RawDataset(spec, cat(xs, "train"), cat(ys, "train"), cat(xs, "test"), cat(ys, "test"), source=str(folder),
+                      d_train=cat(ds, "train"), d_test=cat(ds, "test"))
+
+
+for _s in [
+    # 60,000 / 10,000 Fashion-MNIST images, a fifth per domain
+    DatasetSpec("fmnist-domains", 1, 28, 10, 60000, 10000, (0.2860,), (0.3530,), domains=FMNIST_DOMAINS,
+                loader=_load_fmnist_domains),
+    # pixels in [0, 1] as FedBN (ToTensor, no normalisation). FedBN's Digits (every domain resized to 28x28 RGB,
+    # 10 % of a domain = 743 training images a client); the stand-in's test halves: 1,000 a domain (the real
+    # test files may differ in size)
+    DatasetSpec("digits", 3, 28, 10, 5 * 743, 5 * 1000, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
+                domains=("svhn", "mnistm", "synth", "mnist", "usps"), loader=_load_domain_files),
+    # FedBN's DomainNet: the 10 most common classes, six domains, 256x256 RGB; the stand-in's sizes: 100 training
+    # and 50 test images a domain (FedBN trains on 5 % of the smallest domain's training set)
+    DatasetSpec("domainnet", 3, 256, 10, 6 * 100, 6 * 50, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
+                domains=("clipart", "infograph", "painting", "quickdraw", "real", "sketch"),
+                loader=_load_domain_files),
+]:
+    SPECS[_s.name] = _s
+_add_stand_ins()
+DATASETS = sorted(SPECS)
 
 
 @dataclass

@@ -37,6 +37,19 @@ Registered models (``MODELS`` keys) and where their definitions come from:
     ->16, ReLU, pool; conv 16->32 (``CNN_2``: 16->16), ReLU, pool; fc1 ->2000
     (``CNN_3/4/5``: 1000/800/500), ReLU; fc2 ->500, ReLU (the 500-d
     representation); fc3 500->classes.
+``cnn_bn``
+    A small CNN with a BatchNorm layer after every conv and hidden fc layer (FedBSD Fig. 3's offline
+    stand-in for FedBN's models: "a BN layer is added after each convolutional layer or fully-connected
+    layer"): conv 5x5 ->16, BN, ReLU, pool; conv 16->32, BN, ReLU, pool; fc ->64, BN1d, ReLU; fc 64->classes.
+``digits_bn``
+    FedBN's ``DigitModel`` (med-air/FedBN, ``nets/models.py``), FedBSD Fig. 3's Digits model ("three
+    convolutional layers and three fully-connected layers"): conv 5x5 ->64, BN, ReLU, pool; conv 5x5 64->64,
+    BN, ReLU, pool; conv 5x5 64->128 (pad 2), BN, ReLU; fc ->2048, BN1d, ReLU; fc 2048->512, BN1d, ReLU;
+    fc 512->classes.
+``alexnet_bn``
+    FedBN's ``AlexNet`` with BN (FedBSD Fig. 3's DomainNet model, 256x256 inputs): conv 11x11/4 ->64,
+    conv 5x5 ->192, conv 3x3 ->384, ->256, ->256 (BN + ReLU after each, max-pools after 1, 2, 5), adaptive
+    average pool 6x6; fc ->4096, BN1d, ReLU; fc 4096->4096, BN1d, ReLU; fc 4096->classes.
 ``mlp``
     FedRep/LG-FedAvg ``MLP``: flatten, 512, 256, 64 hidden units with ReLU, then
     64->classes (the public code has *three* hidden layers 512-256-64; the
@@ -494,6 +507,75 @@ def mobilenetv2(in_channels: int, num_classes: int, image_size: int) -> SplitMod
 
 
 # ---------------------------------------------------------------------------
+# CNNs with BatchNorm after every layer (FedBN; FedBSD Fig. 3)
+# ---------------------------------------------------------------------------
+
+
+def _conv_bn(name: str, c_in: int, c_out: int, k: int, pool: bool, **kw) -> list[tuple[str, nn.Module]]:
+    layers = [(f"conv{name}", nn.Conv2d(c_in, c_out, k, **kw)), (f"bn{name}", nn.BatchNorm2d(c_out)),
+              (f"relu{name}", nn.ReLU())]
+    return layers + ([(f"pool{name}", nn.MaxPool2d(2, 2))] if pool else [])
+
+
+class BatchNorm1dAnyBatch(nn.BatchNorm1d):
+    """BatchNorm1d that accepts a training batch of one sample (torch refuses it: no variance to estimate; a
+    client's last batch can hold one image) by normalising it with the running statistics, left unchanged.
+    Any larger batch is plain BatchNorm1d."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[0] == 1:
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        return super().forward(x)
+
+
+class ConvBNNet(SplitModel):
+    """Conv stack -> flatten -> (Linear, BatchNorm1d, ReLU)* (body) -> Linear (head)."""
+
+    def __init__(self, conv_layers, fc_dims: Sequence[int], in_channels: int, num_classes: int,
+                 image_size: int) -> None:
+        super().__init__()
+        conv_layers = list(conv_layers)
+        flat_dim = int(torch.Size(_output_shape(nn.Sequential(OrderedDict(conv_layers)), in_channels,
+                                                image_size)).numel())
+        layers = conv_layers + [("flatten", nn.Flatten(1))]
+        for i, (d_in, d_out) in enumerate(zip([flat_dim, *fc_dims[:-1]], fc_dims), start=1):
+            layers += [(f"fc{i}", nn.Linear(d_in, d_out)), (f"bn_fc{i}", BatchNorm1dAnyBatch(d_out)),
+                       (f"relu_fc{i}", nn.ReLU())]
+        self.feature_dim = int(fc_dims[-1])
+        self.body = nn.Sequential(OrderedDict(layers))
+        self.head = nn.Linear(self.feature_dim, num_classes)
+
+
+def cnn_bn(in_channels: int, num_classes: int, image_size: int) -> SplitModel:
+    conv = _conv_bn("1", in_channels, 16, 5, True) + _conv_bn("2", 16, 32, 5, True)
+    return ConvBNNet(conv, [64], in_channels, num_classes, image_size)
+
+
+def digits_bn(in_channels: int, num_classes: int, image_size: int) -> SplitModel:
+    conv = (_conv_bn("1", in_channels, 64, 5, True, stride=1, padding=2) + _conv_bn("2", 64, 64, 5, True, padding=2)
+            + _conv_bn("3", 64, 128, 5, False, padding=2))
+    return ConvBNNet(conv, [2048, 512], in_channels, num_classes, image_size)
+
+
+def alexnet_bn(in_channels: int, num_classes: int, image_size: int) -> SplitModel:
+    """FedBN's AlexNet at 256x256 exactly; on inputs too small for a 3x3/2 max-pool (tests build every model at
+    28x28) that pool is left out, so the same builder serves the shape checks."""
+    side = (image_size + 4 - 11) // 4 + 1
+
+    def pool(name):
+        nonlocal side
+        if side < 3:
+            return []
+        side = (side - 3) // 2 + 1
+        return [(name, nn.MaxPool2d(3, 2))]
+    conv = _conv_bn("1", in_channels, 64, 11, False, stride=4, padding=2) + pool("pool1")
+    conv += _conv_bn("2", 64, 192, 5, False, padding=2) + pool("pool2")
+    conv += (_conv_bn("3", 192, 384, 3, False, padding=1) + _conv_bn("4", 384, 256, 3, False, padding=1)
+             + _conv_bn("5", 256, 256, 3, False, padding=1) + pool("pool5") + [("avgpool", nn.AdaptiveAvgPool2d((6, 6)))])
+    return ConvBNNet(conv, [4096, 4096], in_channels, num_classes, image_size)
+
+
+# ---------------------------------------------------------------------------
 # Registry
 # ---------------------------------------------------------------------------
 
@@ -515,6 +597,9 @@ MODELS: dict[str, Callable[..., SplitModel]] = {
     "resnet18": resnet18,
     "resnet34": resnet34,
     "mobilenetv2": mobilenetv2,
+    "cnn_bn": cnn_bn,
+    "digits_bn": digits_bn,
+    "alexnet_bn": alexnet_bn,
 }
 
 

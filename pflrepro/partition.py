@@ -21,6 +21,9 @@ return per-client index arrays under ``'train'``, ``'test'`` and, where the spli
 one, ``'val'``. All of them index ``labels``, except the ``'test'`` arrays of
 ``global_test_by_proportion``, which index ``test_labels``.
 
+``by_domain`` + ``domain_test`` (one domain per client, FedBN/FedBSD Fig. 3) read each image's domain from
+a multi-domain dataset (``pflrepro.data``), which the run passes to a function marked ``uses_domains``.
+
 Which paper uses which (the sources of every choice the papers leave open are given
 in each docstring):
 
@@ -592,6 +595,27 @@ def classes_uniform_shares(
     return _finish(parts)
 
 
+def by_domain(labels: np.ndarray, n_clients: int, seed: int, domains=None) -> list[np.ndarray]:
+    """One domain per client (FedBN, FedBSD Fig. 3: "Each dataset serves as a client"): client k gets every
+    index whose domain is k. ``domains`` (one integer per label) comes from a multi-domain dataset
+    (``pflrepro.data``: the run passes it to a partitioner marked ``uses_domains``); ``n_clients`` must equal
+    the number of domains. ``seed`` is unused: the assignment is fixed by the data."""
+    labels = _check_labels(labels)
+    if domains is None:
+        raise ValueError("partition 'by_domain' needs a multi-domain dataset (one with `domains`, e.g. "
+                         "fmnist-domains, digits, domainnet)")
+    domains = np.asarray(domains, dtype=np.int64)
+    if domains.shape != labels.shape:
+        raise ValueError(f"by_domain: {domains.shape[0]} domain ids for {labels.shape[0]} labels")
+    n_dom = int(domains.max()) + 1 if len(domains) else 0
+    if n_clients != n_dom:
+        raise ValueError(f"by_domain: n_clients={n_clients}, but the data have {n_dom} domains (one client each)")
+    return _finish([np.flatnonzero(domains == k) for k in range(n_clients)])
+
+
+by_domain.uses_domains = True   # the run passes each pool index's domain
+
+
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": iid,
     "dirichlet": dirichlet,
@@ -599,6 +623,7 @@ PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "shards": shards,
     "n_by_s": n_by_s,
     "classes_uniform_shares": classes_uniform_shares,
+    "by_domain": by_domain,
 }
 
 
@@ -816,10 +841,28 @@ def global_test_by_proportion(
     return {"train": [np.sort(idx) for idx in clients], "test": tests}
 
 
+def domain_test(labels: np.ndarray, client_indices, seed: int, test_domains=None) -> dict[str, list[np.ndarray]]:
+    """One domain per client (``by_domain``): client k trains on all of its pool indices and is tested on every
+    image of the official test half whose domain is k (FedBN: each domain's own test set, "accuracy analysis
+    is conducted for each client on the corresponding test dataset", FedBSD Sec. 4.1). The 'test' arrays index
+    the test half (``test_domains``: one domain id per test image, passed by the run). ``seed`` is unused."""
+    labels, client_indices = _check_clients(labels, client_indices)
+    if test_domains is None:
+        raise ValueError("split 'domain_test' needs a multi-domain dataset (one with `domains`)")
+    test_domains = np.asarray(test_domains, dtype=np.int64)
+    train = _finish(client_indices)
+    return {"train": train, "test": _finish(np.flatnonzero(test_domains == k) for k in range(len(train)))}
+
+
+domain_test.uses_domains = True            # the run passes the test half's domains
+domain_test.tests_from_test_half = True    # its 'test' arrays index the official test half
+
+
 SPLITS: dict[str, Callable[..., dict[str, list[np.ndarray]]]] = {
     "random": random_split,
     "perfed_ckt": perfed_ckt_split,
     "global_test_by_proportion": global_test_by_proportion,
+    "domain_test": domain_test,
 }
 
 

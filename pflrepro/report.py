@@ -283,6 +283,22 @@ def curves(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def client_curves(results: dict) -> pd.DataFrame:
+    """Long-format per-client learning curves (personalized accuracy %, every evaluation): method, setting, seed,
+    round, client, and the client's domain where the dataset has one per client (FedBSD Fig. 3)."""
+    from .data import SPECS
+    rows = []
+    for (method, setting, seed), r in results.items():
+        ds = r.config.dataset
+        doms = SPECS[ds].domains if ds in SPECS and r.config.partition == "by_domain" else ()
+        for h, accs in zip(r.history, r.per_client):
+            for k, a in enumerate(accs):
+                rows.append({"method": method, "dataset": ds, "setting": paper_setting(setting, ds), "seed": seed,
+                             "round": h["round"], "client": k, "domain": doms[k] if k < len(doms) else f"client {k}",
+                             "accuracy": 100.0 * a})
+    return pd.DataFrame(rows)
+
+
 def at_rounds(curves: pd.DataFrame, metric: str, fractions=(0.25, 0.5, 0.75, 1.0)) -> pd.DataFrame:
     """Learning curves read at fractions of each dataset's evaluated rounds (the nearest evaluated round at or
     below): one row per (dataset, round, method), mean and std over seeds, setting = 'round R' (FedBSD Fig. 4:

@@ -81,11 +81,17 @@ def build_partition(cfg: RunConfig) -> dict:
         raise ConfigError(f"n_clients={cfg.n_clients}: more clients than the {len(labels)} samples the run partitions "
                           f"({cfg.dataset}, pool={cfg.pool!r}, subsample={cfg.subsample}), so some would get no data; "
                           f"use n_clients <= {len(labels)}" + (" or a larger subsample" if cfg.subsample < 1.0 else ""))
-    parts = PARTITIONERS[cfg.partition](labels, cfg.n_clients, seed=cfg.seed, **cfg.partition_params)
+    partitioner, extra = PARTITIONERS[cfg.partition], {}
+    if getattr(partitioner, "uses_domains", False):   # one domain per client: each pool index's domain
+        doms = raw.domains(cfg.pool)
+        extra["domains"] = None if doms is None else doms.numpy()[pool_idx]
+    parts = partitioner(labels, cfg.n_clients, seed=cfg.seed, **cfg.partition_params, **extra)
     parts = [pool_idx[p] for p in parts]
     kw = dict(cfg.split_params)
     if cfg.split == "global_test_by_proportion":
         kw["test_labels"] = raw.y_test.numpy()
+    if getattr(SPLITS[cfg.split], "uses_domains", False):   # each client's tests: its domain's test half
+        kw["test_domains"] = None if raw.d_test is None else raw.d_test.numpy()
     split = SPLITS[cfg.split](y_pool, parts, seed=cfg.seed, **kw)
     empty = [k for k, tr in enumerate(split["train"]) if len(tr) == 0]
     if empty:
@@ -115,7 +121,7 @@ def build_data(cfg: RunConfig, device: torch.device, split: dict | None = None) 
         # 10,000-image set cost more than the training of a mini run: DC-PFL, CNN_1); SCD's local tests
         # (`global_test_by_proportion`) still draw from the whole set
         keep = torch.as_tensor(_gm_test_keep(cfg, raw))
-        if cfg.split == "global_test_by_proportion":
+        if _tests_from_test_half(cfg):
             local = (normalise(x_test, raw.spec, device), y_test.to(device))
         x_test, y_test = x_test[keep], y_test[keep]
     if cfg.pool == "train+test":
@@ -131,9 +137,14 @@ def build_data(cfg: RunConfig, device: torch.device, split: dict | None = None) 
     return FedData(raw.spec, normalise(x_pool, raw.spec, device), y_pool.to(device),
                    normalise(x_test, raw.spec, device), y_test.to(device),
                    t(split["train"]), t(split["test"]), t(split["val"]),
-                   local_test_from_global=(cfg.split == "global_test_by_proportion"), source=raw.source,
+                   local_test_from_global=_tests_from_test_half(cfg), source=raw.source,
                    x_local_test=local[0] if local else None, y_local_test=local[1] if local else None,
                    x_public=public)
+
+
+def _tests_from_test_half(cfg: RunConfig) -> bool:
+    """Whether the split's local test sets index the official test half (not the partitioned pool)."""
+    return cfg.split == "global_test_by_proportion" or getattr(SPLITS[cfg.split], "tests_from_test_half", False)
 
 
 def _gm_test_keep(cfg: RunConfig, raw) -> np.ndarray:
@@ -148,7 +159,7 @@ def _used_indices(cfg: RunConfig, split: dict, half: str) -> np.ndarray:
     n_tr = len(raw.y_train)
     cat = lambda names: np.concatenate([np.asarray(a, np.int64) for n in names for a in split[n]]  # noqa: E731
                                        + [np.empty(0, np.int64)])
-    tests_global = cfg.split == "global_test_by_proportion"   # local tests index the official test set
+    tests_global = _tests_from_test_half(cfg)   # local tests index the official test set
     pool = cat(("train", "val") if tests_global else ("train", "val", "test"))
     if cfg.pool == "train+test":       # pooled index space: [train; test]
         return pool[pool < n_tr] if half == "train" else pool[pool >= n_tr] - n_tr

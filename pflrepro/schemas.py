@@ -28,6 +28,7 @@ PARTITION_SCHEMAS: dict[str, dict[str, Param]] = {
     "classes_uniform_shares": {"classes_per_client": _cpc,
                                "low": Param(float, 0.4, "share lower bound", low=0.0, high=1.0),
                                "high": Param(float, 0.6, "share upper bound", low=0.0, high=1.0)},
+    "by_domain": {},
 }
 
 SPLIT_SCHEMAS: dict[str, dict[str, Param]] = {
@@ -37,6 +38,7 @@ SPLIT_SCHEMAS: dict[str, dict[str, Param]] = {
                    "val_fraction": Param(float, 0.1, "", low=0.0, high=1.0),
                    "test_fraction": Param(float, 0.5, "", low=0.0, high=1.0),
                    "stratify": Param(bool, True, "")},
+    "domain_test": {},
     "global_test_by_proportion": {"scale": Param(float, None, "local test size = scale x train size "
                                                  "(default |test|/|train|)", low=0.0, low_open=True)},
 }

@@ -19,8 +19,8 @@ FULL_COVER = {"iid", "dirichlet", "balanced_dirichlet", "shards", "n_by_s"}
 
 
 def test_registries():
-    assert set(P.PARTITIONERS) == set(CASES)
-    assert set(P.SPLITS) == {"random", "perfed_ckt", "global_test_by_proportion"}
+    assert set(P.PARTITIONERS) == set(CASES) | {"by_domain"}   # by_domain reads each image's domain: tests/test_domains.py
+    assert set(P.SPLITS) == {"random", "perfed_ckt", "global_test_by_proportion", "domain_test"}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

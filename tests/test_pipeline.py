@@ -143,7 +143,13 @@ def cut_test_sets(monkeypatch):
         if not name.startswith("fake-"):
             return raw
         n = max(2 * raw.spec.num_classes, len(raw.y_test) // 50)
-        return RawDataset(raw.spec, raw.x_train, raw.y_train, raw.x_test[:n], raw.y_test[:n], source=raw.source)
+        if raw.d_test is None:
+            return RawDataset(raw.spec, raw.x_train, raw.y_train, raw.x_test[:n], raw.y_test[:n], source=raw.source)
+        import dataclasses
+
+        import torch
+        keep = torch.randperm(len(raw.y_test), generator=torch.Generator().manual_seed(0))[:n].sort().values
+        return dataclasses.replace(raw, x_test=raw.x_test[keep], y_test=raw.y_test[keep], d_test=raw.d_test[keep])   # every domain keeps some
     monkeypatch.setattr(runs, "_raw", cut)
 
 

@@ -5,9 +5,11 @@ from .dcpfl import DCPFL
 from .ditto import Ditto
 from .fd import FD
 from .fedbabu import FedBABU
+from .fedbn import FedBN
 from .fedbsd import FedBSD
 from .feddf import FedDF
 from .fedfomo import FedFomo
+from .fedgen import FedGen
 from .fedgh import FedGH
 from .fedkd import FedKD
 from .fedpac import FedPAC
@@ -30,7 +32,7 @@ from .simple import FedAvgFT, FedProx, FedProxFT, Local
 
 ALGORITHMS = {cls.name: cls for cls in (Algorithm, Local, FedProx, FedAvgFT, FedPer, LGFedAvg, PFedSD,
                                            FedAvgLastLocal, PFedMe, FedFomo, DCPFL, FedGH, FedProto, FML, FedKD, FD,
-                                           Ditto, FedAvgM, FedDyn, Scaffold, SCD, FedRep, FedRoD, FedBABU, FedBSD,
-                                           PerFedCKT, FedDF, HypCluster, PerFedAvg, FedProxFT, ScaffoldFT, FedPAC, L2GD, APFL)}
+                                           Ditto, FedAvgM, FedDyn, Scaffold, SCD, FedRep, FedRoD, FedBABU, FedBSD, FedBN,
+                                           PerFedCKT, FedDF, FedGen, HypCluster, PerFedAvg, FedProxFT, ScaffoldFT, FedPAC, L2GD, APFL)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Update"]

@@ -15,6 +15,10 @@ documented choices (docs/fidelity.md "FedBSD") and hyperparameters here.
 The backbone phase runs client by client inside `finish` (FedRep's body phase is a second plan the
 engine batches, `engine.Then`; this one is not): its loss reads the backbone's features through the
 module, which a batched loss term (`engine.ModelView`) does not see.
+Real-world experiments (Fig. 3) keep every BatchNorm layer on the client ("we adopt this exclusion BN strategy
+in our approach FedBSD", FedBN's): `local_bn=True` trains BN layers with the backbone but neither uploads nor
+averages them (they stay in the client state with the head); the teacher is the received backbone with the
+client's own BN layers (the server has none to send).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import torch.nn.functional as F
 
 from ..config import Param
 from ..engine import Plan, TrainStats
+from ..models import bn_names
 from .fedrep import FedRep
 
 
@@ -46,7 +51,25 @@ class FedBSD(FedRep):
                          "'original local backbone')", choices=("global", "own")),
         "teacher_mode": Param(str, "eval", "teacher forward: 'eval' (BN running statistics) or 'train'",
                               choices=("eval", "train")),
+        "local_bn": Param(bool, False, "keep BatchNorm layers local (FedBN's exclusion, FedBSD's real-world "
+                          "experiments, Fig. 3): trained with the backbone, never uploaded"),
     }
+
+    def __init__(self, ctx, **hparams):
+        super().__init__(ctx, **hparams)
+        self._bn = frozenset(bn_names(ctx.model(0))) if self.hp["local_bn"] else frozenset()
+
+    def is_head(self, name: str) -> bool:
+        """The private head (the last layer), whether or not BN layers are local too."""
+        return name.rsplit(".", 1)[0] in self._head
+
+    def is_body(self, name: str) -> bool:
+        """The backbone, trained by self-distillation: every layer but the head (BN included)."""
+        return not self.is_head(name)
+
+    def is_shared(self, name: str) -> bool:
+        """What is uploaded and averaged: the backbone, less its BN layers under `local_bn`."""
+        return self.is_body(name) and name not in self._bn
 
     @classmethod
     def relative_cost(cls, hparams):
@@ -76,7 +99,7 @@ class FedBSD(FedRep):
             return (1 - a) * F.cross_entropy(net.head(f_s), y) + a * feature_kd(f_s, f_t, temp)
 
         net = self.ctx.model(k, state)
-        body = self.ctx.train(net, k, rnd, loss=loss, trainable=self.is_shared, epochs=self.hp["body_epochs"],
+        body = self.ctx.train(net, k, rnd, loss=loss, trainable=self.is_body, epochs=self.hp["body_epochs"],
                               purpose=1)
         n = stats.samples + body.samples
         both = TrainStats(loss=(stats.loss * stats.samples + body.loss * body.samples) / max(n, 1),
