@@ -9,7 +9,8 @@ notebook):
 
 - `one_after_another`: jobs=1 at torch's default threads (every core): what a grid did before `jobs`.
 - `one_after_another_same_threads`: jobs=1 at the thread count a side-by-side run gets
-  (cores // jobs): the reference whose metrics side_by_side must equal bit for bit (checked here
+  (cores // jobs), on that many cores (the process's CPU affinity: `run_grid` sets a jobs=1 run to every
+  core it may use, so `torch.set_num_threads` alone would not hold): the reference whose metrics side_by_side must equal bit for bit (checked here
   on the runs' metrics.csv, and in tests/test_parallel.py).
 - `side_by_side`: jobs=N (default: what `auto` picks on this machine).
 
@@ -43,6 +44,8 @@ def child(notebook: str, profile: str, jobs: int, threads: int, store: str) -> N
 
     from pflrepro import experiments
     if threads:
+        import os
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
         torch.set_num_threads(threads)
     configs = experiments.grid(experiments.load_profile(notebook, profile))
     t = time.perf_counter()
