@@ -76,6 +76,19 @@ def method_space(spec: dict, method: str) -> dict:
     return space
 
 
+def only(P: dict, method: str, spec: dict) -> dict:
+    """P with `method` (set to `spec`) its only method: settings that list their own `methods` keep it where they
+    list it and are left out where they do not (Fig. 4's "S=5" runs FedAvg, FedRep and FedBSD only)."""
+    settings = {}
+    for name, s in (P.get("settings") or {}).items():
+        if s and "methods" in s:
+            if method not in s["methods"]:
+                continue
+            s = {**s, "methods": [method]}
+        settings[name] = s
+    return {**P, "methods": {method: spec}, **({"settings": settings} if "settings" in P else {})}
+
+
 def search_configs(P: dict, spec: dict, methods: list[str] | None = None) -> tuple[dict, dict]:
     """({(label, setting, seed): RunConfig}, {label: (method, point as JSON)}) for every method's every grid point,
     every config validated first; a label reads "method @ point" in progress lines."""
@@ -89,7 +102,7 @@ def search_configs(P: dict, spec: dict, methods: list[str] | None = None) -> tup
         for pt in points(method_space(spec, method)):
             label = f"{method} @ " + " ".join(f"{k}={v}" for k, v in pt.items())
             meta[label] = (method, json.dumps(pt, sort_keys=True))
-            Q = {**P, "methods": {method: merge(P["methods"][method] or {}, nest(pt))}}
+            Q = only(P, method, merge(P["methods"][method] or {}, nest(pt)))
             for (_, setting, seed), cfg in grid(Q).items():
                 configs[(label, setting, seed)] = cfg
     return configs, meta

@@ -57,12 +57,28 @@ def test_search_configs_override_only_the_searched_method_and_settings():
         tune.search_configs(P, spec, ["no_such_method"])
 
 
-def test_every_profile_of_the_space_file_builds_valid_configs():
-    """The space file's keys are real run settings at every profile (a typo'd key fails validation here)."""
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO_ROOT / "params" / "tune").glob("*.yaml")))
+def test_every_profile_of_every_space_file_builds_valid_configs(name):
+    """A space file's keys are real run settings at every profile (a typo'd key fails validation here)."""
     for profile in ("smoke", "mini", "paper"):
-        P = load_profile("perfed_ckt_table1", profile)
-        configs, _ = tune.search_configs(P, tune.load_space("perfed_ckt_table1", profile))
+        P = load_profile(name, profile)
+        configs, _ = tune.search_configs(P, tune.load_space(name, profile))
         assert configs
+
+
+def test_a_setting_that_lists_its_methods_keeps_the_searched_one_or_is_left_out():
+    """Fig. 4's "S=5" runs FedAvg, FedRep and FedBSD only: searching FedBSD keeps it there with FedBSD alone;
+    searching FedPer (S = 2 only) leaves it out."""
+    P = {"name": "t", "profile": "p", "settings": {"S=2": {}, "S=5": {"lr": 0.1, "methods": ["fedavg", "fedbsd"]}},
+         "methods": {"fedavg": {}, "fedbsd": {"hparams": {"a": 0.5}}, "fedper": {}}}
+    q = tune.only(P, "fedbsd", {"hparams": {"a": 0.5, "temperature": 1.0}})
+    assert q["methods"] == {"fedbsd": {"hparams": {"a": 0.5, "temperature": 1.0}}}
+    assert q["settings"] == {"S=2": {}, "S=5": {"lr": 0.1, "methods": ["fedbsd"]}}
+    assert tune.only(P, "fedper", {})["settings"] == {"S=2": {}}
+    assert "settings" not in tune.only({"methods": {"fedavg": {}}}, "fedavg", {})
+
+
+def test_the_perfed_ckt_paper_space_is_appendix_e_grid():
     paper = tune.load_space("perfed_ckt_table1", "paper")   # appendix E's grid, exactly
     assert paper["space"] == {"lr": [0.1, 0.05, 0.01, 0.005, 0.001], "batch_size": [32, 64, 128]}
     assert paper["per_method"]["perfed_ckt_*"] == {"hparams.tau": [10, 30, 50], "hparams.public_batch": [32, 64, 128],
