@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -171,3 +172,49 @@ def test_a_worker_does_not_outlive_its_parent(tmp_path):
                 os.kill(p, 9)
             except ProcessLookupError:
                 pass
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+@needs_fmnist
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_ctrl_c_stops_a_grid_and_its_workers_promptly_keeping_checkpoints(tmp_path):
+    """Issue 16: an interrupt (Ctrl-C in a terminal, or in a notebook's kernel) stops a side-by-side grid within
+    seconds: the driver raises KeyboardInterrupt, its worker processes end, and the runs keep their last
+    checkpoints to resume from."""
+    root = tmp_path / "store"
+    code = ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from pflrepro import experiments\nfrom pflrepro.config import RunConfig\nfrom tests.conftest import small_cfg\n"
+            "grid = {('fedavg', 's', s): RunConfig.from_dict(small_cfg(seed=s, rounds=500, subsample=0.02)) "
+            "for s in (0, 1)}\n"
+            f"experiments.run_grid(grid, root={str(root)!r}, progress=False, jobs=2)\n")
+    repo = Path(parallel.__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=repo, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PFLREPRO_JOBS": "2"})
+    try:
+        deadline = time.time() + 120
+        while len(list(root.glob("*/checkpoint.pt"))) < 2 and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert len(list(root.glob("*/checkpoint.pt"))) == 2, \
+            f"both runs should be training by now: {sorted(root.rglob('*'))[:10]} {proc.poll()}"
+        workers = _children(proc.pid)
+        assert workers, "a side-by-side grid trains in a worker process"
+        t = time.time()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert time.time() - t < 15 and proc.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]
+        deadline = time.time() + 10
+        while any(_alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(w) for w in workers), "a worker outlived the interrupted grid"
+        assert not list(root.glob("*/summary.json")), "500 rounds cannot have finished"
+        assert len(list(root.glob("*/checkpoint.pt"))) == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
