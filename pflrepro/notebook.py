@@ -203,6 +203,12 @@ def run_metrics(runs: pd.DataFrame, profile: str) -> dict:
     return out
 
 
+def show_figure(fig, path: Path | str) -> None:
+    """Save `fig` as `path` (PNG) and show it inline in a notebook (nothing outside IPython); returns None, so a
+    cell ending with it prints no path."""
+    _display_figure(fig, report.save(fig, path))
+
+
 def _display_figure(fig, png: Path) -> None:
     """Show the saved PNG once in a notebook (what is shown is what was saved; pyplot's own figure is closed, so
     the inline backend does not show it a second time at the end of the cell); nothing outside IPython."""

@@ -27,8 +27,8 @@ HEARTBEAT = "progress.json"
 
 
 def tqdm(*args, **kwargs):
-    """A progress bar: tqdm's notebook widget where ipywidgets is installed, its plain text bar otherwise (which
-    also renders in JupyterLab)."""
+    """A progress bar: tqdm's notebook widget in a notebook (ipywidgets is a dependency: without it JupyterLab shows
+    the text bar as a red stderr box that grows a line per update once two bars run), its text bar elsewhere."""
     from tqdm.auto import tqdm as bar
     return bar(*args, **kwargs)
 

@@ -357,7 +357,8 @@ def main(argv=None) -> int:
                     help="the notebook to copy and run (default: notebooks/example.ipynb)")
     ap.add_argument("--profile", default="smoke", help="the profile the copy runs (default: smoke)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds the notebook may take to run")
-    ap.add_argument("--min-images", type=int, default=1, help="inline images the outputs must show (default 1)")
+    ap.add_argument("--min-images", type=int, default=2, help="inline images the outputs must show (default 2: the "
+                    "example draws its learning curves and its partition)")
     ap.add_argument("--artifacts", type=Path, default=None, help="keep a screenshot, page HTML and log here on failure")
     args = ap.parse_args(argv)
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]

@@ -129,5 +129,5 @@ def test_a_failing_notebook_fails_the_check(tmp_path):
     r, _ = _run("--notebook", str(tmp_path / "bad.ipynb"), timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr[-3000:]
     for line in ("FAIL 3 of 4 code cells ran", "FAIL 1 error output(s): ZeroDivisionError: division by zero",
-                 "FAIL the page shows 'IProgress not found'", "FAIL 0 inline image(s) rendered, 1 expected"):
+                 "FAIL the page shows 'IProgress not found'", "FAIL 0 inline image(s) rendered, 2 expected"):
         assert line in r.stdout, r.stdout
