@@ -3,7 +3,16 @@
 Entry points: `pflrepro.run(config)` (one run, content-addressed and resumable),
 `python -m pflrepro` (CLI), and the notebooks under notebooks/.
 """
+import os as _os
+
 __version__ = "0.1.0"
+
+# OpenMP's idle threads sleep instead of spinning at the end of every parallel region. Alone it costs nothing
+# (1.01x); beside one other busy process on 2 cores it cuts a 2-thread run's slowdown from 2.53x to 1.68x, with
+# the same metrics (benchmarks/bench_contention.py, docs/performance.md). libgomp reads it once, when torch loads
+# it: this takes effect where pflrepro is imported before torch (the CLI, the notebooks, the run workers). A value
+# the user set is kept.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def run(cfg, **kw):
