@@ -20,7 +20,6 @@ itself may change low bits, as a convolution's sums split differently). Written 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _table import write_table  # noqa: E402
 COLUMNS = ["mode", "threads", "busy", "wait_policy", "seconds", "slowdown", "same_metrics"]
 
 
@@ -93,18 +94,9 @@ def main(argv=None) -> int:
                      "threads": threads, "busy": busy, "wait_policy": "PASSIVE" if passive else "default",
                      "seconds": round(r["seconds"], 2), "slowdown": round(r["seconds"] / ref["seconds"], 2),
                      "same_metrics": r["same"] and r["metrics"] == ref["metrics"]})
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "bench_contention.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    md = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    md += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
-    md.append(f"\n{cores} cores; fastest of {a.repeats}; slowdown = seconds / the same thread count alone (default "
-              "wait policy)")
-    (out / "bench_contention.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_table(Path(a.out), "bench_contention", COLUMNS, rows,
+                f"{cores} cores; fastest of {a.repeats}; slowdown = seconds / the same thread count alone (default "
+                "wait policy)")
     return 0
 
 

@@ -22,7 +22,6 @@ tests run it).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import subprocess
 import sys
@@ -32,6 +31,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _table import write_table  # noqa: E402
 
 COLUMNS = ["notebook", "profile", "mode", "jobs", "threads_per_run", "runs", "seconds", "runs_per_min",
            "speedup", "same_metrics"]
@@ -100,15 +101,8 @@ def main(argv=None) -> int:
     for r in rows:
         r["speedup"] = round(rows[0]["seconds"] / r["seconds"], 2)
         r["same_metrics"] = same if r["mode"] == "side_by_side" else ""
-    with open(out / "bench_jobs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    md = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    md += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
-    md.append(f"\n{parallel.cpu_cores()} cores; side_by_side metrics equal the same-threads reference: {same}")
-    (out / "bench_jobs.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_table(out, "bench_jobs", COLUMNS, rows,
+                f"{parallel.cpu_cores()} cores; side_by_side metrics equal the same-threads reference: {same}")
     return 0 if same else 1
 
 
