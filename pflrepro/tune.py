@@ -28,7 +28,8 @@ import yaml
 
 from .config import ConfigError
 from .experiments import grid, load_profile, merge, run_grid
-from .runs import REPO_ROOT, results_root
+from .engine import Divergence
+from .runs import REPO_ROOT, results_root, run_dir
 
 
 def load_space(name: str, profile: str) -> dict:
@@ -108,17 +109,50 @@ def search_configs(P: dict, spec: dict, methods: list[str] | None = None) -> tup
     return configs, meta
 
 
-def scores(results: dict, meta: dict, metric: str, stat: str = "best") -> pd.DataFrame:
-    """One row per run: method, point, setting, seed, score (the run's `metric` summary `stat`)."""
+def diverged_runs(exc: BaseException, configs: dict, root: Path) -> list:
+    """The keys of `configs` a Divergence stopped: started (their config is in the store) but unfinished. After a
+    failed grid the other runs in training have finished (parallel.train_all stops handing out runs and waits), so
+    these are the runs that raised. Empty when `exc` is not a divergence (a worker's is its traceback's text)."""
+    if not isinstance(exc, Divergence) and "pflrepro.engine.Divergence" not in str(exc):
+        return []
+    return [k for k, c in configs.items()
+            if (run_dir(c, root) / "config.json").exists() and not (run_dir(c, root) / "summary.json").exists()]
+
+
+def run_tolerating_divergence(configs: dict, root: Path, **kw) -> tuple[dict, dict]:
+    """run_grid over `configs`, where a point whose run diverges (appendix E's grid reaches lr 0.1) is set aside and
+    the rest of the grid goes on: ({key: RunResult} of the runs that finished, {key: RunConfig} of the diverged)."""
+    todo, diverged = dict(configs), {}
+    while True:
+        try:
+            return run_grid(todo, root=root, **kw), diverged
+        except Exception as e:  # noqa: BLE001 - re-raised unless it is a divergence of identifiable runs
+            bad = diverged_runs(e, todo, root)
+            if not bad:
+                raise
+            for k in bad:
+                diverged[k] = todo.pop(k)
+            print(f"[tune] diverged, scored as failed: {', '.join(' / '.join(map(str, k)) for k in bad)}", flush=True)
+
+
+def scores(results: dict, meta: dict, metric: str, stat: str = "best", diverged: dict | None = None) -> pd.DataFrame:
+    """One row per run: method, point, setting, seed, score (the run's `metric` summary `stat`; NaN for a run that
+    diverged), diverged."""
     rows = [{"method": meta[label][0], "point": meta[label][1], "setting": s, "seed": seed,
-             "score": res.summary[metric][stat]} for (label, s, seed), res in results.items()]
+             "score": res.summary[metric][stat], "diverged": False} for (label, s, seed), res in results.items()]
+    rows += [{"method": meta[label][0], "point": meta[label][1], "setting": s, "seed": seed,
+              "score": float("nan"), "diverged": True} for (label, s, seed) in (diverged or {})]
     return pd.DataFrame(rows)
 
 
 def choose(df: pd.DataFrame) -> dict:
     """{method: {"point": {...}, "score": mean, "runs": n}}: per method the point with the highest mean score over
-    its seeds and settings; ties go to the point met first."""
+    its seeds and settings; ties go to the point met first; a point with a diverged run is never chosen (a method
+    whose every point diverged has no choice)."""
     out = {}
+    if "diverged" in df:
+        bad = df[df["diverged"]].groupby(["method", "point"]).size().index
+        df = df[~df.set_index(["method", "point"]).index.isin(bad)]
     for method, g in df.groupby("method", sort=False):
         means = g.groupby("point", sort=False)["score"].agg(["mean", "size"])
         best = means["mean"].idxmax()   # first maximum in grid order
@@ -159,9 +193,9 @@ def tune(name: str, profile: str, methods: list[str] | None = None, jobs=None, p
     P = load_profile(name, profile)
     spec = load_space(name, profile)
     configs, meta = search_configs(P, spec, methods)
-    results = run_grid(configs, root=results_root() / "runs", progress=progress, jobs=jobs, name=f"tune {name}",
-                       executor=executor)
-    df = scores(results, meta, P["metric"], stat)
+    results, diverged = run_tolerating_divergence(configs, results_root() / "runs", progress=progress, jobs=jobs,
+                                                  name=f"tune {name}", executor=executor)
+    df = scores(results, meta, P["metric"], stat, diverged)
     chosen = choose(df)
     out = results_root() / "tune" / f"{name}-{profile}"
     out.mkdir(parents=True, exist_ok=True)

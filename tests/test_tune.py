@@ -44,6 +44,34 @@ def test_choose_takes_the_best_mean_over_seeds_and_settings_first_on_ties():
     assert chosen["ckt"]["point"] == {"lr": 0.01} and chosen["ckt"]["runs"] == 1
 
 
+def test_a_point_with_a_diverged_run_is_never_chosen():
+    a, b = json.dumps({"lr": 0.1}), json.dumps({"lr": 0.01})
+    df = pd.DataFrame([   # a is best on the setting where it finished, but diverged on the other
+        {"method": "m", "point": a, "setting": "s1", "seed": 0, "score": 0.9, "diverged": False},
+        {"method": "m", "point": a, "setting": "s2", "seed": 0, "score": float("nan"), "diverged": True},
+        {"method": "m", "point": b, "setting": "s1", "seed": 0, "score": 0.5, "diverged": False},
+        {"method": "m", "point": b, "setting": "s2", "seed": 0, "score": 0.4, "diverged": False},
+        {"method": "n", "point": a, "setting": "s1", "seed": 0, "score": float("nan"), "diverged": True}])
+    assert tune.choose(df) == {"m": {"point": {"lr": 0.01}, "score": pytest.approx(0.45), "runs": 2}}
+
+
+def test_diverged_runs_are_the_started_unfinished_ones_of_a_divergence(tmp_path):
+    from pflrepro.config import RunConfig
+    from pflrepro.engine import Divergence
+    from pflrepro.runs import run_dir
+    from .conftest import small_cfg
+    cfgs = {k: RunConfig.from_dict(small_cfg(seed=k)) for k in range(3)}
+    for k, files in ((0, ("config.json", "summary.json")), (1, ("config.json",))):   # 0 finished, 1 started, 2 not
+        d = run_dir(cfgs[k], tmp_path)
+        d.mkdir(parents=True)
+        for f in files:
+            (d / f).write_text("{}")
+    assert tune.diverged_runs(Divergence("loss became nan"), cfgs, tmp_path) == [1]
+    worker = RuntimeError("fedavg seed 1 failed in a run worker:\nTraceback ...\npflrepro.engine.Divergence: nan")
+    assert tune.diverged_runs(worker, cfgs, tmp_path) == [1]
+    assert tune.diverged_runs(ValueError("something else"), cfgs, tmp_path) == []
+
+
 def test_search_configs_override_only_the_searched_method_and_settings():
     P = load_profile("perfed_ckt_table1", "mini")
     spec = {"space": {"lr": [0.1, 0.01]}, "per_method": {"perfed_ckt_*": {"hparams.lam": [0.5]}}}
@@ -111,9 +139,14 @@ def test_tune_runs_the_smoke_grid_and_writes_scores(tmp_path, monkeypatch):
     params = tmp_path / "repo" / "params"
     shutil.copytree(REPO_ROOT / "params", params)
     monkeypatch.setattr(tune, "REPO_ROOT", tmp_path / "repo")
+    space = tune.load_space("perfed_ckt_table1", "smoke")
+    space["per_method"]["fedavg"] = {"lr": [0.05, 0.01, 1e6]}   # 1e6: diverges, and the search goes on without it
+    monkeypatch.setattr(tune, "load_space", lambda name, profile: space)
     r = tune.tune("perfed_ckt_table1", "smoke", progress=False, write=True)
     df = pd.read_csv(r["out"] / "scores.csv")
-    assert len(df) == 4 and set(df["method"]) == {"fedavg", "perfed_ckt_c1"}
+    assert len(df) == 5 and set(df["method"]) == {"fedavg", "perfed_ckt_c1"}
+    assert df[df["diverged"]]["point"].tolist() == ['{"lr": 1000000.0}'] and df[df["diverged"]]["score"].isna().all()
+    df = df[~df["diverged"]]
     assert df["score"].between(0, 1).all()
     for method, c in r["chosen"].items():
         assert c["score"] == pytest.approx(df[df["method"] == method]["score"].max())
