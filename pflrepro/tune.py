@@ -168,6 +168,7 @@ def apply(path: Path, profile: str, chosen: dict) -> None:
     from ruamel.yaml.comments import CommentedMap
     y = YAML()
     y.preserve_quotes = True
+    y.width = 4096   # keep the file's own line breaks (ruamel folds at 80 columns otherwise)
     doc = y.load(path.read_text())
     methods = doc["profiles"][profile]["methods"]
     for method, c in chosen.items():
