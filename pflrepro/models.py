@@ -67,6 +67,10 @@ Registered models (``MODELS`` keys) and where their definitions come from:
 ``resnet18``, ``resnet34``
     CIFAR-style ResNets (3x3 stem, no max-pool), BasicBlock [2,2,2,2] /
     [3,4,6,3], 64..512 ch, global average pool, Linear(512, classes).
+``resnet50``
+    torchvision's ResNet-50 layout (SCD Table 3, iNaturalist): ImageNet stem (7x7/2 conv, 3x3/2 max-pool),
+    Bottleneck [3,4,6,3] (stride in the 3x3 conv), 256..2048 ch, global average pool, Linear(2048, classes);
+    PyTorch's default init.
 ``mobilenetv2``
     CIFAR-style MobileNetV2 (stem stride 1, second stage stride 1), 1280-d
     feature, Linear(1280, classes).
@@ -298,6 +302,10 @@ def mlp(in_channels: int, num_classes: int, image_size: int, hidden: Sequence[in
     return MLP(in_channels, num_classes, image_size, hidden=hidden)
 
 
+def mlp2(in_channels: int, num_classes: int, image_size: int) -> SplitModel:
+    return MLP(in_channels, num_classes, image_size, hidden=(512, 256))
+
+
 # ---------------------------------------------------------------------------
 # VGG (CIFAR style, with BatchNorm)
 # ---------------------------------------------------------------------------
@@ -341,6 +349,8 @@ def vgg13(in_channels: int, num_classes: int, image_size: int) -> SplitModel:
 
 
 class BasicBlock(nn.Module):
+    expansion = 1
+
     def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
@@ -361,30 +371,61 @@ class BasicBlock(nn.Module):
         return F.relu(out)
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50's block: 1x1 reduce, 3x3 (stride here, as torchvision), 1x1 expand by 4, projection shortcut."""
+    expansion = 4
+
+    def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
+        super().__init__()
+        out = planes * self.expansion
+        self.conv1 = nn.Conv2d(in_planes, planes, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_planes != out:
+            self.shortcut = nn.Sequential(nn.Conv2d(in_planes, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return F.relu(out + self.shortcut(x))
+
+
 class ResNetBody(nn.Module):
+    """Stem, stages of ``block``, global average pool. ``imagenet_stem``: 7x7/2 conv and 3x3/2 max-pool (torchvision's
+    ResNets, for ImageNet-like inputs); otherwise the CIFAR stem (3x3/1 conv, no pool)."""
+
     def __init__(
         self,
         in_channels: int,
         widths: Sequence[int],
         blocks: Sequence[int],
         strides: Sequence[int],
+        block: type = BasicBlock,
+        imagenet_stem: bool = False,
     ) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, widths[0], 3, stride=1, padding=1, bias=False)
+        k, s, p = (7, 2, 3) if imagenet_stem else (3, 1, 1)
+        self.conv1 = nn.Conv2d(in_channels, widths[0], k, stride=s, padding=p, bias=False)
         self.bn1 = nn.BatchNorm2d(widths[0])
+        self.stem_pool = nn.MaxPool2d(3, stride=2, padding=1) if imagenet_stem else nn.Identity()
         in_planes = widths[0]
-        for i, (w, n, s) in enumerate(zip(widths, blocks, strides), start=1):
+        for i, (w, n, st) in enumerate(zip(widths, blocks, strides), start=1):
             stage = []
             for j in range(n):
-                stage.append(BasicBlock(in_planes, w, s if j == 0 else 1))
-                in_planes = w
+                stage.append(block(in_planes, w, st if j == 0 else 1))
+                in_planes = w * block.expansion
             self.add_module(f"layer{i}", nn.Sequential(*stage))
         self.num_stages = len(widths)
         self.out_dim = in_planes
         self.pool = nn.AdaptiveAvgPool2d(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.stem_pool(F.relu(self.bn1(self.conv1(x))))
         for i in range(1, self.num_stages + 1):
             out = getattr(self, f"layer{i}")(out)
         return torch.flatten(self.pool(out), 1)
@@ -400,9 +441,10 @@ class ResNet(SplitModel):
         blocks: Sequence[int],
         strides: Sequence[int],
         pfedsd_init: bool = False,
+        **body_kw,
     ) -> None:
         super().__init__()
-        body = ResNetBody(in_channels, widths, blocks, strides)
+        body = ResNetBody(in_channels, widths, blocks, strides, **body_kw)
         _output_shape(body, in_channels, image_size)
         self.feature_dim = body.out_dim
         self.body = body
@@ -426,6 +468,11 @@ def resnet18(in_channels: int, num_classes: int, image_size: int) -> SplitModel:
 
 def resnet34(in_channels: int, num_classes: int, image_size: int) -> SplitModel:
     return ResNet(in_channels, num_classes, image_size, (64, 128, 256, 512), (3, 4, 6, 3), (1, 2, 2, 2))
+
+
+def resnet50(in_channels: int, num_classes: int, image_size: int) -> SplitModel:
+    return ResNet(in_channels, num_classes, image_size, (64, 128, 256, 512), (3, 4, 6, 3), (1, 2, 2, 2),
+                  block=Bottleneck, imagenet_stem=True)
 
 
 # ---------------------------------------------------------------------------
@@ -591,11 +638,13 @@ MODELS: dict[str, Callable[..., SplitModel]] = {
     "cnn4": cnn4,
     "cnn5": cnn5,
     "mlp": mlp,
+    "mlp2": mlp2,
     "vgg11": vgg11,
     "vgg13": vgg13,
     "resnet8": resnet8,
     "resnet18": resnet18,
     "resnet34": resnet34,
+    "resnet50": resnet50,
     "mobilenetv2": mobilenetv2,
     "cnn_bn": cnn_bn,
     "digits_bn": digits_bn,

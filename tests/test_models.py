@@ -140,7 +140,22 @@ PARAM_COUNTS = {
     ("resnet18", 3, 32): 11173962,
     ("resnet34", 3, 32): 21282122,
     ("mobilenetv2", 3, 32): 2296922,
+    # torchvision's resnet50(num_classes=10): 23,528,522 (the same layout, see the test below)
+    ("resnet50", 3, 32): 23528522,
+    # mlp2 (1,28): 784*512+512 + 512*256+256 + 256*10+10 = 401920 + 131328 + 2570
+    ("mlp2", 1, 28): 535818,
 }
+
+
+def test_resnet50_is_torchvisions_layout():
+    """SCD Table 3's ResNet-50 (iNaturalist's 5,089 classes): every parameter and buffer has torchvision's shape,
+    in torchvision's order (stem, four Bottleneck stages, fc), so torchvision's weights would load by position."""
+    import torchvision
+    ours = build_model("resnet50", 3, 5089, 64)
+    ref = torchvision.models.resnet50(num_classes=5089)
+    assert [tuple(t.shape) for t in ours.state_dict().values()] == [tuple(t.shape) for t in ref.state_dict().values()]
+    x = torch.zeros(2, 3, 64, 64)
+    assert ours.features(x).shape == (2, 2048) and ours.eval()(x).shape == (2, 5089)
 
 
 @pytest.mark.parametrize("key", sorted(PARAM_COUNTS))
