@@ -13,6 +13,11 @@ Lookup order for a real dataset:
 3. torchvision's download (only if `download=True`; fails offline).
 Anything else raises `DatasetUnavailable` saying what to install or where to put files.
 
+A set without a torchvision class carries its own `loader` in its spec (tried after the tensor cache):
+`inaturalist` (SCD Table 3) decodes the official iNaturalist-2017 release once, resized to 64 px, and writes the
+cache; `femnist` (FedBSD Table 1) reads LEAF's json files, letters a-j. A set too large to synthesise at full size
+names a smaller `stand_in` count (same image shape and classes).
+
 A multi-domain dataset (FedBSD Fig. 3: one domain per client) names its `domains` and carries its own
 `loader` in its spec; its `RawDataset` gives every image's domain (`d_train`, `d_test`), which the
 `by_domain` partitioner reads. `fmnist-domains` is built offline from Fashion-MNIST; `digits` and
@@ -23,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +66,8 @@ class DatasetSpec:
     torchvision_cls: str | None = None
     domains: tuple = ()                  # a multi-domain set: its domains' names, in client order
     loader: Callable | None = None       # loader(spec) -> RawDataset, for sets without a torchvision class
+    stand_in: tuple | None = None        # (n_train, n_test) of the stand-in where the real counts are too many to
+                                         # synthesise (per-image shape and classes stay the real set's)
 
 
 SPECS = {
@@ -78,7 +86,10 @@ SPECS = {
 def _add_stand_ins() -> None:
     """Stand-ins: same shapes, class counts (and domains) as the real set, deterministic content."""
     for n in [n for n in SPECS if not n.startswith("fake-")]:
-        SPECS[f"fake-{n}"] = dataclasses.replace(SPECS[n], name=f"fake-{n}", torchvision_cls=None, loader=None)
+        spec = SPECS[n]
+        n_tr, n_te = spec.stand_in or (spec.n_train, spec.n_test)
+        SPECS[f"fake-{n}"] = dataclasses.replace(spec, name=f"fake-{n}", torchvision_cls=None, loader=None,
+                                                 n_train=n_tr, n_test=n_te, stand_in=None)
 
 
 @dataclass
@@ -143,9 +154,14 @@ def _load_fmnist_idx(folder: Path, verify: bool = True) -> RawDataset:
 
 
 def _check_shapes(ds: RawDataset) -> None:
+    """Image shapes and label range; the counts too, except for a set whose loader decides them (FEMNIST: LEAF's
+    sampling options)."""
     s = ds.spec
     want_tr, want_te = (s.n_train, s.channels, s.size, s.size), (s.n_test, s.channels, s.size, s.size)
-    if tuple(ds.x_train.shape) != want_tr or tuple(ds.x_test.shape) != want_te:
+    got_tr, got_te = tuple(ds.x_train.shape), tuple(ds.x_test.shape)
+    if s.loader is not None:
+        got_tr, got_te, want_tr, want_te = got_tr[1:], got_te[1:], want_tr[1:], want_te[1:]
+    if got_tr != want_tr or got_te != want_te:
         raise DatasetUnavailable(f"{s.name}: shapes {tuple(ds.x_train.shape)}/{tuple(ds.x_test.shape)}, "
                                  f"expected {want_tr}/{want_te}")
     if int(ds.y_train.max()) >= s.num_classes or int(ds.y_train.min()) < 0:
@@ -241,11 +257,11 @@ def load_dataset(name: str, download: bool = False, fake_scale: float = 1.0) -> 
     spec = SPECS[name]
     if name.startswith("fake-"):
         return _fake(spec, fake_scale)
+    cached = tensor_cache_dir() / f"{name}.pt"
+    if cached.exists() and not spec.domains:   # the cache holds no domain ids
+        return _load_tensor_cache(spec, cached)
     if spec.loader is not None:
         return spec.loader(spec)
-    cached = tensor_cache_dir() / f"{name}.pt"
-    if cached.exists():
-        return _load_tensor_cache(spec, cached)
     if name == "fmnist":
         for folder in (DEBIAN_FMNIST, data_root() / "FashionMNIST" / "raw"):
             if all((folder / f).exists() for f in FMNIST_SHA256):
@@ -337,6 +353,114 @@ def _load_domain_files(spec: DatasetSpec) -> RawDataset:
                       d_train=cat(ds, "train"), d_test=cat(ds, "test"))
 
 
+# ---------------------------------------------------------------- sets read from their own files
+INATURALIST_FILES = ("train2017.json", "val2017.json")
+
+
+def _square_rgb(path: Path, size: int) -> np.ndarray:
+    """One image as (3, size, size) uint8: shorter side resized to `size` (bilinear), centre crop."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        im = im.convert("RGB")
+        scale = size / min(im.size)
+        im = im.resize((max(size, round(im.size[0] * scale)), max(size, round(im.size[1] * scale))),
+                       Image.BILINEAR)
+        left, top = (im.size[0] - size) // 2, (im.size[1] - size) // 2
+        return np.asarray(im.crop((left, top, left + size, top + size)), dtype=np.uint8).transpose(2, 0, 1)
+
+
+def _read_coco_split(root: Path, ann_file: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """iNaturalist's COCO-style annotation file: `images` (id, file_name relative to `root`) and `annotations`
+    (image_id, category_id); images in id order, decoded one by one (the whole set is ~675,000 JPEGs)."""
+    with open(root / ann_file) as f:
+        meta = json.load(f)
+    label = {a["image_id"]: a["category_id"] for a in meta["annotations"]}
+    images = sorted(meta["images"], key=lambda im: im["id"])
+    x = torch.empty((len(images), 3, size, size), dtype=torch.uint8)
+    for i, im in enumerate(images):
+        x[i] = torch.as_tensor(_square_rgb(root / im["file_name"], size).copy())
+        if (i + 1) % 20000 == 0:
+            print(f"{ann_file}: {i + 1:,}/{len(images):,} images decoded", flush=True)
+    return x, torch.tensor([label[im["id"]] for im in images], dtype=torch.int64)
+
+
+def _load_inaturalist(spec: DatasetSpec) -> RawDataset:
+    """iNaturalist-2017 (SCD Table 3) from its official release under `$PFLREPRO_DATA/inaturalist/`: the
+    annotation files train2017.json and val2017.json and the image folder they name (train_val_images/...).
+    Train = the 579,184 training images, test = the 95,986 validation images (the test labels are not public).
+    Every image is resized (shorter side) and centre-cropped to spec.size: SCD does not state its input size,
+    and 675,000 images at 224 px are 100 GB of uint8, more than a tensor in memory can hold (docs/fidelity.md).
+    Decoding takes hours once; the result is saved as the tensor cache data/inaturalist.pt, read after that."""
+    root = data_root() / spec.name
+    missing = [str(root / f) for f in INATURALIST_FILES if not (root / f).exists()]
+    if missing:
+        raise DatasetUnavailable(
+            f"Dataset '{spec.name}' is not available offline and pflrepro does not download it.\n"
+            f"  Fix: put the iNaturalist-2017 release (train_val_images/ and {', '.join(INATURALIST_FILES)}) under "
+            f"{root} (or set PFLREPRO_DATA); the first load decodes it to {tensor_cache_dir() / spec.name}.pt.\n"
+            f"  Missing: {', '.join(missing)}")
+    xtr, ytr = _read_coco_split(root, INATURALIST_FILES[0], spec.size)
+    xte, yte = _read_coco_split(root, INATURALIST_FILES[1], spec.size)
+    ds = RawDataset(spec, xtr, ytr, xte, yte, source=f"{root} (resized to {spec.size}x{spec.size})")
+    _check_shapes(ds)
+    save_tensor_cache(ds, tensor_cache_dir() / f"{spec.name}.pt")
+    return ds
+
+
+FEMNIST_LETTERS = np.arange(36, 46)   # LEAF's (EMNIST ByClass) labels of the lowercase letters a-j
+
+
+def _leaf_folder(root: Path, half: str) -> Path | None:
+    for d in (root / "data" / half, root / half):   # LEAF writes data/femnist/data/{train,test}/*.json
+        if d.is_dir() and any(d.glob("*.json")):
+            return d
+    return None
+
+
+def _read_leaf(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every user's samples of the letters a-j from LEAF's json files ({"users", "user_data": {user: {"x": rows
+    of 784 floats in [0, 1], "y": labels}}}), labels 0-9 for a-j. Writers are not kept: FedRep's setting deals
+    the samples out again (partition `lognormal`). Ink is made bright on a dark background as in EMNIST (LEAF
+    stores it the other way round), so the EMNIST normalisation applies."""
+    xs, ys = [], []
+    for f in sorted(folder.glob("*.json")):
+        with open(f) as fh:
+            blob = json.load(fh)
+        for user in blob["users"]:
+            d = blob["user_data"][user]
+            y = np.asarray(d["y"], dtype=np.int64)
+            keep = np.isin(y, FEMNIST_LETTERS)
+            if keep.any():
+                xs.append(np.asarray(d["x"], dtype=np.float32).reshape(len(y), -1)[keep])
+                ys.append(np.searchsorted(FEMNIST_LETTERS, y[keep]))
+    if not xs:
+        raise DatasetUnavailable(f"{folder}: no samples of the letters a-j (LEAF labels 36-45)")
+    x = np.concatenate(xs)
+    if x.mean() > 0.5:   # white background
+        x = 1.0 - x
+    x = torch.from_numpy(np.rint(np.clip(x, 0.0, 1.0) * 255).astype(np.uint8)).reshape(len(x), 1, 28, 28)
+    return x, torch.from_numpy(np.concatenate(ys))
+
+
+def _load_leaf_femnist(spec: DatasetSpec) -> RawDataset:
+    """FEMNIST (FedBSD/FedRep Table 1) from LEAF's preprocessed json files under `$PFLREPRO_DATA/femnist/`
+    (`data/train/*.json` and `data/test/*.json`, as LEAF's `./preprocess.sh` writes them), restricted to the ten
+    letters a-j (FedRep: "we restrict the dataset to 10 handwritten letters")."""
+    root = data_root() / spec.name
+    folders = {half: _leaf_folder(root, half) for half in ("train", "test")}
+    if None in folders.values():
+        raise DatasetUnavailable(
+            f"Dataset '{spec.name}' is not available offline and pflrepro does not download it.\n"
+            f"  Fix: run LEAF's FEMNIST preprocessing (github.com/TalwalkarLab/leaf, data/femnist: ./preprocess.sh "
+            f"-s niid --sf 1.0 -k 0 -t sample) and put its data/train and data/test folders of json files under "
+            f"{root / 'data'} (or set PFLREPRO_DATA).")
+    (xtr, ytr), (xte, yte) = _read_leaf(folders["train"]), _read_leaf(folders["test"])
+    ds = RawDataset(spec, xtr, ytr, xte, yte, source=f"{root} (LEAF json, letters a-j)")
+    _check_shapes(ds)
+    return ds
+
+
 for _s in [
     # 60,000 / 10,000 Fashion-MNIST images, a fifth per domain
     DatasetSpec("fmnist-domains", 1, 28, 10, 60000, 10000, (0.2860,), (0.3530,), domains=FMNIST_DOMAINS,
@@ -351,6 +475,13 @@ for _s in [
     DatasetSpec("domainnet", 3, 256, 10, 6 * 100, 6 * 50, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
                 domains=("clipart", "infograph", "painting", "quickdraw", "real", "sketch"),
                 loader=_load_domain_files),
+    # iNaturalist-2017 at 64 px (docs/fidelity.md "SCD Table 3"), ImageNet's normalisation; the stand-in: two
+    # training images and one test image a class, 64 px like the real set
+    DatasetSpec("inaturalist", 3, 64, 5089, 579184, 95986, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
+                loader=_load_inaturalist, stand_in=(2 * 5089, 5089)),
+    # LEAF FEMNIST, letters a-j, EMNIST's normalisation; its counts depend on LEAF's sampling options, so the
+    # numbers here only size the stand-in (4,000 training images a letter: room for FedRep's 150 x 148)
+    DatasetSpec("femnist", 1, 28, 10, 40000, 4000, (0.1736,), (0.3317,), loader=_load_leaf_femnist),
 ]:
     SPECS[_s.name] = _s
 _add_stand_ins()

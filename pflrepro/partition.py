@@ -33,7 +33,7 @@ pFedSD (pathological s)   ``shards`` (McMahan), or ``n_by_s(distinct=False)``
                           for the public code's LG-FedAvg sampler
 SCD                       ``dirichlet`` + ``global_test_by_proportion``
 PerFed-CKT                ``dirichlet`` (alpha=0.01) + ``perfed_ckt``
-FedBSD (FedRep setups)    ``n_by_s``
+FedBSD (FedRep setups)    ``n_by_s``; FEMNIST: ``lognormal``
 DC-PFL (FedGH setup)      ``classes_uniform_shares`` + ``random`` (0.8, 0.1, 0.1)
 ========================  ==================================================
 """
@@ -50,6 +50,7 @@ __all__ = [
     "shards",
     "n_by_s",
     "n_by_s_assignment",
+    "lognormal",
     "classes_uniform_shares",
     "uniform_shares_assignment",
     "random_split",
@@ -595,6 +596,59 @@ def classes_uniform_shares(
     return _finish(parts)
 
 
+def lognormal(
+    labels: np.ndarray,
+    n_clients: int,
+    seed: int,
+    classes_per_client: int = 3,
+    mean_size: float = 148.0,
+    sigma: float = 1.0,
+    min_size: int = 1,
+    n_classes: int | None = None,
+) -> list[np.ndarray]:
+    """FedRep's FEMNIST setting (FedBSD Table 1): "we restrict the dataset to 10 handwritten letters and assign
+    samples to clients according to a log-normal distribution ... N = 150 clients with an average of 148
+    samples/client", S = 3 classes each.
+
+    The generator behind FedRep's files (Ditto's) is not in our references, so the rule is ours, stated in
+    full (docs/fidelity.md "FedBSD FEMNIST"): each client's S distinct classes are a leveled random assignment
+    (every class held by N*S/C clients, as ``n_by_s``); its size is ``w_k / mean(w) * mean_size`` with
+    ``w ~ LogNormal(0, sigma)`` (so the sizes average ``mean_size`` exactly), rounded, at least ``min_size``,
+    and split as evenly as possible over its S classes. A class asked for more samples than it has gives every
+    slot of that class the same fraction of its request (the sizes keep their log-normal shape up to that
+    cut); samples are dealt without replacement.
+    """
+    labels = _check_labels(labels)
+    n_clients = _check_n_clients(n_clients)
+    n_classes = _n_classes(labels, n_classes)
+    _check_classes_per_client(n_clients, classes_per_client, n_classes)
+    if not mean_size > 0 or not sigma >= 0 or int(min_size) < 0:
+        raise ValueError(f"lognormal needs mean_size > 0, sigma >= 0, min_size >= 0; got {mean_size}, {sigma}, "
+                         f"{min_size}")
+    k = int(classes_per_client)
+    rng = np.random.default_rng(seed)
+    classes = rng.permutation(_leveled_assignment(rng, n_classes, n_clients, k))
+    w = rng.lognormal(0.0, float(sigma), n_clients)
+    sizes = np.maximum(int(min_size), np.rint(w / w.mean() * float(mean_size)).astype(np.int64))
+    want = sizes[:, None] // k + (np.arange(k)[None, :] < (sizes % k)[:, None])   # (clients, k) per slot
+    members = _class_members(labels, n_classes, rng)
+    for c in range(n_classes):
+        slot = classes == c
+        asked = int(want[slot].sum())
+        if asked > len(members[c]):   # scale this class's slots down to what it has
+            want[slot] = np.floor(want[slot] * len(members[c]) / asked).astype(np.int64)
+    taken = np.zeros(n_classes, dtype=np.int64)
+    parts = []
+    for i in range(n_clients):
+        mine = []
+        for j in range(k):
+            c, n = classes[i, j], int(want[i, j])
+            mine.append(members[c][taken[c]: taken[c] + n])
+            taken[c] += n
+        parts.append(np.concatenate(mine))
+    return _finish(parts)
+
+
 def by_domain(labels: np.ndarray, n_clients: int, seed: int, domains=None) -> list[np.ndarray]:
     """One domain per client (FedBN, FedBSD Fig. 3: "Each dataset serves as a client"): client k gets every
     index whose domain is k. ``domains`` (one integer per label) comes from a multi-domain dataset
@@ -624,6 +678,7 @@ PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "n_by_s": n_by_s,
     "classes_uniform_shares": classes_uniform_shares,
     "by_domain": by_domain,
+    "lognormal": lognormal,
 }
 
 

@@ -29,6 +29,11 @@ PARTITION_SCHEMAS: dict[str, dict[str, Param]] = {
                                "low": Param(float, 0.4, "share lower bound", low=0.0, high=1.0),
                                "high": Param(float, 0.6, "share upper bound", low=0.0, high=1.0)},
     "by_domain": {},
+    "lognormal": {"classes_per_client": Param(int, 3, "distinct classes per client (FedRep's FEMNIST: 3)", low=1),
+                  "mean_size": Param(float, 148.0, "average samples a client (FedRep's FEMNIST: 148)", low=0.0,
+                                     low_open=True),
+                  "sigma": Param(float, 1.0, "shape of the log-normal sizes (ours: not stated)", low=0.0),
+                  "min_size": Param(int, 1, "smallest client", low=0)},
 }
 
 SPLIT_SCHEMAS: dict[str, dict[str, Param]] = {

@@ -14,6 +14,7 @@ CASES = {
     "shards": {"s": 2},
     "n_by_s": {"classes_per_client": 2},
     "classes_uniform_shares": {"classes_per_client": 2},
+    "lognormal": {"classes_per_client": 3, "mean_size": 80, "sigma": 0.5},   # deals 20 x 80 of the 2,000
 }
 FULL_COVER = {"iid", "dirichlet", "balanced_dirichlet", "shards", "n_by_s"}
 
@@ -35,6 +36,8 @@ def test_partitioner_disjoint_sorted_and_cover(name):
     assert allidx.min() >= 0 and allidx.max() < len(LABELS)
     if name in FULL_COVER:
         assert len(allidx) == len(LABELS)
+    elif name == "lognormal":          # deals n_clients x mean_size (up to rounding), not the whole set
+        assert abs(len(allidx) - 20 * 80) <= 20
     else:
         assert len(allidx) >= 0.95 * len(LABELS)
 
@@ -330,3 +333,40 @@ def test_label_counts_and_plot():
     other = Figure()
     ax3 = other.add_subplot()
     assert P.plot_partition(counts, ax=ax3) is other
+
+
+# ---------------------------------------------------------------- lognormal (FedRep's FEMNIST setting)
+def test_lognormal_hand_computed_equal_sizes_when_sigma_is_zero():
+    """sigma = 0: every client has exactly mean_size samples, split evenly over its 3 distinct classes; 10 clients x
+    3 classes over 10 classes: each class held by 3 clients (leveled); 9 samples a client = 3 of each class."""
+    labels = np.repeat(np.arange(10), 30)
+    parts = P.lognormal(labels, 10, seed=0, classes_per_client=3, mean_size=9, sigma=0.0)
+    assert [len(p) for p in parts] == [9] * 10
+    for p in parts:
+        assert sorted(np.bincount(labels[p], minlength=10).tolist())[-3:] == [3, 3, 3]
+    holders = np.array([[c in set(labels[p]) for c in range(10)] for p in parts]).sum(0)
+    assert holders.tolist() == [3] * 10
+    all_idx = np.concatenate(parts)
+    assert len(np.unique(all_idx)) == len(all_idx)          # dealt without replacement
+
+
+def test_lognormal_a_class_asked_for_more_than_it_has_scales_its_slots_down():
+    """mean 60 asks 20 a slot, 3 slots a class = 60 of a class that has 30: every slot gets floor(20 * 30/60) = 10."""
+    labels = np.repeat(np.arange(10), 30)
+    parts = P.lognormal(labels, 10, seed=1, classes_per_client=3, mean_size=60, sigma=0.0)
+    assert [len(p) for p in parts] == [30] * 10
+    assert len(np.unique(np.concatenate(parts))) == 300
+
+
+def test_lognormal_sizes_average_mean_size_and_are_skewed():
+    """FedRep's FEMNIST: 150 clients, 3 classes each, sizes averaging 148 with a log-normal spread; deterministic."""
+    labels = np.repeat(np.arange(10), 4000)
+    parts = P.lognormal(labels, 150, seed=3, classes_per_client=3, mean_size=148, sigma=1.0)
+    sizes = np.array([len(p) for p in parts])
+    assert abs(sizes.mean() - 148) < 1.0                   # rounding only
+    assert np.median(sizes) < sizes.mean() and sizes.max() > 3 * sizes.mean()   # right-skewed
+    assert all(len(set(labels[p])) == 3 for p in parts)
+    again = P.lognormal(labels, 150, seed=3, classes_per_client=3, mean_size=148, sigma=1.0)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    with pytest.raises(ValueError, match="multiple"):
+        P.lognormal(labels, 149, seed=0, classes_per_client=3)
