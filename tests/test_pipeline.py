@@ -131,8 +131,9 @@ def _classes(cfg) -> int:
 
 @pytest.fixture
 def cut_test_sets(monkeypatch):
-    """Stand-ins whose global test set is cut to 2% (at least 2 per class): evaluating 20 personal
-    ResNets on CIFAR's 10,000 test images took 200 of a start case's 250 seconds."""
+    """Stand-ins whose global test set is cut to 2% (at least 2 per class of up to 100 classes): evaluating 20 personal
+    ResNets on CIFAR's 10,000 test images took 200 of a start case's 250 seconds; iNaturalist's training half
+    is cut to 600 images too (its 10,178 through ResNet-50 took 110 s)."""
     from pflrepro import runs
     from pflrepro.data import RawDataset
 
@@ -142,9 +143,10 @@ def cut_test_sets(monkeypatch):
         raw = real(name)
         if not name.startswith("fake-"):
             return raw
-        n = max(2 * raw.spec.num_classes, len(raw.y_test) // 50)
+        n = max(2 * min(raw.spec.num_classes, 100), len(raw.y_test) // 50)   # iNaturalist's 5,089 classes: 200
+        m = 600 if raw.spec.num_classes > 1000 else len(raw.y_train)   # and 600 of its 10,178 training images
         if raw.d_test is None:
-            return RawDataset(raw.spec, raw.x_train, raw.y_train, raw.x_test[:n], raw.y_test[:n], source=raw.source)
+            return RawDataset(raw.spec, raw.x_train[:m], raw.y_train[:m], raw.x_test[:n], raw.y_test[:n], source=raw.source)
         import dataclasses
 
         import torch
@@ -173,8 +175,16 @@ def test_paper_config_starts_on_standin(cfg, tmp_path, cut_test_sets):
         # with data (the exact partition is built at full size by test_paper_partition_builds_on_standin), and
         # batches of at least 50, so that every epoch is one step (batch size and clients change values, not
         # code paths)
+        # iNaturalist's stand-in (cut to 600 images of 5,089 classes by `cut_test_sets`): SCD code's multinomial
+        # allocation, since splitting a class of one image by exact proportions gives it to the last client
+        many = _classes(cfg) > 1000
         fake = fake.replace(n_clients=6, new_clients=min(cfg.new_clients, 2), batch_size=max(cfg.batch_size, 50),
-                            subsample=min(cfg.subsample, 0.002 * max(1, _classes(cfg) // 30)), partition_params={**cfg.partition_params, "min_size": 1})
+                            subsample=min(cfg.subsample, 0.002 * max(1, _classes(cfg) // 30)),
+                            partition_params={**cfg.partition_params, "min_size": 1,
+                                              **({"allocation": "sample"} if many else {})})
+    if cfg.partition == "lognormal":
+        # FedRep's FEMNIST deals 150 x 148 images; 2% of the stand-in (80 a class) holds 150 clients of 3 on average
+        fake = fake.replace(subsample=min(cfg.subsample, 0.02), partition_params={**cfg.partition_params, "mean_size": 3})
     res = run(fake, root=tmp_path, progress=False)
     assert len(res.history) == 1 and res.history[0]["round"] == 1
     assert math.isfinite(res.history[0]["train_loss"])
