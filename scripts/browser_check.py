@@ -257,9 +257,10 @@ def run_all_cells(driver, timeout: float) -> None:
 
 
 def started(state: dict, n_cells: int) -> bool:
-    """Whether a run of all cells has begun: a `[*]` (queued or running) prompt, every cell numbered, or a dialog."""
+    """Whether a run of all cells has begun: a `[*]` (queued or running) prompt, every cell numbered, a dialog, or
+    an error output (a run that stopped at a failing cell between two polls leaves the cells after it unnumbered)."""
     prompts = state["prompts"]
-    return bool(state["dialogs"] or any("*" in p for p in prompts)
+    return bool(state["dialogs"] or state["errors"] or any("*" in p for p in prompts)
                 or (len(prompts) == n_cells and all(NUMBERED.match(p) for p in prompts)))
 
 
