@@ -209,3 +209,47 @@ def test_fedbsd_paper_profile_is_fedreps_settings():
             assert (cfg.hparams["head_epochs"], cfg.hparams["body_epochs"]) == (10, body), (method, setting)
         if method.endswith("_ft"):
             assert cfg.hparams["ft_epochs"] == 10, (method, setting)
+
+
+# Spectral co-distillation, App. B: "an SGD local optimizer with a momentum of 0.5 and with no weight decay",
+# "T = 500 global communication rounds", "Batch size for CIFAR-10/100 and iNaturalist-2017 are 10 and 128",
+# "full participation", "a learning rate of 0.01 (resp. 0.003) ... on CIFAR-10/100 (resp. iNaturalist-2017)";
+# Sec. 4.1: "ResNet-18/34 and ResNet-50", "N = 100 (resp. N = 50)" for CIFAR-10 (resp. CIFAR-100), "N = 20" for
+# iNaturalist; symmetric Dirichlet; "Average (3 trials)"; App. C: tau = 0.4, lambda_G = 0.05, lambda_p = 0.01.
+SCD_DATASET = {"cifar10": ("resnet18", 100, 10, 0.01), "cifar100": ("resnet34", 50, 10, 0.01),
+               "inaturalist": ("resnet50", 20, 128, 0.003)}
+SCD_COMMON = dict(momentum=0.5, weight_decay=0.0, partition="dirichlet", split="global_test_by_proportion",
+                  subsample=1.0, pool="train")
+SCD_DEFAULTS = dict(tau=0.4, lam_g=0.05, lam_p=0.01)
+# each table's dataset and alphas (Tables 1-3 by their captions; the ablations on CIFAR-10), and the SCD
+# hyperparameter it sweeps (Table 5's ablation zeroes lambda_G / lambda_p)
+SCD_TABLES = {"scd_table1": ("cifar10", {1.0, 0.5, 0.1}, None), "scd_table2": ("cifar100", {1.0, 0.1}, None),
+              "scd_table3": ("inaturalist", {0.1}, None), "scd_table4": ("cifar10", {0.1}, None),
+              "scd_table5": ("cifar10", {1.0, 0.1}, ("lam_g", "lam_p")), "scd_table6": ("cifar10", {1.0, 0.1}, ("tau",)),
+              "scd_table7": ("cifar10", {1.0}, ("lam_g",)), "scd_table8": ("cifar10", {1.0}, ("lam_p",)),
+              "scd_table9": ("cifar10", {0.1}, None), "scd_table10": ("cifar10", {1.0}, None),
+              "scd_fig3": ("cifar10", {0.1}, None)}
+
+
+@pytest.mark.parametrize("name", sorted(SCD_TABLES))
+def test_scd_paper_profile_settings(name):
+    dataset, alphas, swept = SCD_TABLES[name]
+    configs = _paper(name)
+    assert sorted({seed for (_, _, seed) in configs}) == [0, 1, 2]
+    assert {c.partition_params["alpha"] for c in configs.values()} == alphas
+    model, n, batch, lr = SCD_DATASET[dataset]
+    for (method, setting, seed), cfg in configs.items():
+        key = (method, setting)
+        assert (cfg.dataset, cfg.model, cfg.n_clients, cfg.batch_size, cfg.lr) == (dataset, model, n, batch, lr), key
+        for field, want in SCD_COMMON.items():
+            assert getattr(cfg, field) == want, (key, field)
+        # Table 10 is the partial-participation table (c = 0.1, 0.2); every other table trains every client
+        assert cfg.participation == (float(setting.split("=")[1]) if name == "scd_table10" else 1.0), key
+        if name == "scd_fig3":     # App. B: "80 existing clients and 20 new clients", "over 300 communication rounds"
+            assert (cfg.new_clients, cfg.rounds) == (20, 300), key
+        elif cfg.schedule["mode"] == "sync":   # Table 9's asynchronous servers count server steps instead
+            assert cfg.rounds == 500, key
+        if cfg.algorithm == "scd":
+            for hp, want in SCD_DEFAULTS.items():
+                if not swept or hp not in swept:
+                    assert cfg.hparams[hp] == want, (key, hp)
