@@ -53,7 +53,13 @@ e_A + e_B (with seeds: |mean_A - mean_B| <= std_A + std_B is undecided; single s
 at most min_gap is undecided), a ratio A / B carries |A/B| (e_A/|A| + e_B/|B|), a mean over k cells
 sqrt(sum e_i^2) / k. A comparison of a quantity q (noise e) with a threshold t is undecided when
 |q - t| <= e, else decided by the comparison (with e = 0, by the plain comparison, so `at_most: 1`
-holds at exactly 1). `near` compares |q - target| with the tolerance the same way. Over cells: `all`
+holds at exactly 1). `near` compares |q - target| with the tolerance the same way.
+PAIRED SEEDS. Seed s draws the same partition and initialisation for every method, and the partition moves
+all methods together (3-6 points between seeds on pFedSD Table 2). Where a table has `repro_seeds` (each
+seed's value, report.compare) and both sides of a difference ran two or more common seeds, the difference
+is paired: its value is the mean of the per-seed differences and its noise their std over seeds, floored
+at min_gap / 2 (the same strength as the unpaired rule, a spread and not a standard error). Ratios stay
+unpaired. Over cells: `all`
 holds when every cell holds and fails when any fails; `most` holds when more than half hold and fails
 when at least half fail; `any` holds when one holds and fails when all fail; otherwise undecided.
 A claim is `not run` when its table, profile, cells or methods are not in the outputs.
@@ -202,10 +208,44 @@ class Val:
     label: str
     x: float
     e: float
-    rule: str   # "std" (seeds' spread), "min_gap" (one seed or no spread in the table), "exact"
+    rule: str   # "std" (seeds' spread), "min_gap" (one seed or no spread in the table), "exact", "paired"
+    per_seed: dict | None = None   # seed -> value, from the table's `repro_seeds` (pairs differences)
 
     def __str__(self):
         return f"{self.label} {_fmt(self.x)}" + (f"±{_fmt(self.e)}" if self.e else "")
+
+
+def _parse_seeds(cell) -> dict | None:
+    """`repro_seeds` ("0:93.81;1:90.83") -> {0: 93.81, 1: 90.83}; None when blank or malformed."""
+    if not isinstance(cell, str) or not cell.strip():
+        return None
+    out = {}
+    for part in cell.split(";"):
+        seed, _, v = part.partition(":")
+        try:
+            out[int(seed)] = float(v)
+        except ValueError:
+            return None
+    return out
+
+
+def minus(a: Val, b: Val, sign: float = 1.0, floor: float = 0.0) -> Val:
+    """sign * (a - b) with its noise. Where both carry per-seed values on two or more common seeds, the
+    difference is PAIRED: the mean of the per-seed differences, with noise max(their std, floor) (seed s
+    draws the same partition and initialisation for every method, so the partition's share of the spread
+    cancels). Otherwise unpaired: the difference of the means with noise e_a + e_b."""
+    common = sorted(set(a.per_seed or {}) & set(b.per_seed or {}))
+    label = f"{a.label}-{b.label}"
+    if len(common) >= 2 and a.rule != "exact":
+        d = [sign * (a.per_seed[s] - b.per_seed[s]) for s in common]
+        return Val(label, float(np.mean(d)), max(float(np.std(d, ddof=1)), floor), "paired",
+                   dict(zip(common, d)))
+    return Val(label, sign * (a.x - b.x), a.e + b.e, a.rule)
+
+
+def _paired_text(q: Val) -> str:
+    return (f" (paired over seeds {', '.join(map(str, q.per_seed))}: "
+            f"{', '.join(f'{d:+.2f}' for d in q.per_seed.values())})") if q.rule == "paired" else ""
 
 
 def _fmt(x: float) -> str:
@@ -334,7 +374,12 @@ class Evaluator:
             if self.missing_fails:
                 return Val(label, float("nan"), 0.0, "blank")
             return None
-        return Val(label, x, *self._noise(row, d.get("std", self.std)))
+        per_seed = _parse_seeds(row.get("repro_seeds")) if col == "reproduced" and not self.exact else None
+        return Val(label, x, *self._noise(row, d.get("std", self.std)), per_seed)
+
+    def minus(self, a: Val, b: Val, sign: float | None = None) -> Val:
+        """a - b (times the claim's sign unless given) with its noise, paired over seeds where it can be."""
+        return minus(a, b, self.sign if sign is None else sign, floor=0.0 if self.exact else self.min_gap / 2)
 
     def _noise(self, row: dict, std_col) -> tuple[float, str]:
         if self.exact:
@@ -397,12 +442,13 @@ def _sweep_key(v):
 
 # ------------------------------------------------------------------ the forms
 def _diff(ev: Evaluator, a: Val, b: Val, by: float = 0.0) -> tuple[str, str]:
-    q, e = ev.sign * (a.x - b.x), a.e + b.e
     if a.x != a.x or b.x != b.x:
         return "fails", f"{a} vs {b}: blank"
-    r = decide(q, e, ">", by)
+    q = ev.minus(a, b)
+    r = decide(q.x, q.e, ">", by)
     rel = ">" if ev.sign > 0 else "<"
-    return r, f"{a} {rel} {b}? gap {q:+.2f} vs noise {e:.2f}{f' + margin {by}' if by else ''}: {r}"
+    return r, (f"{a} {rel} {b}? gap {q.x:+.2f} vs noise {q.e:.2f}{f' + margin {by}' if by else ''}"
+               f"{_paired_text(q)}: {r}")
 
 
 def _eval_order(ev: Evaluator):
@@ -417,8 +463,7 @@ def _eval_order(ev: Evaluator):
             continue
         if ev.c.get("aggregate"):
             for i, b in enumerate(bs):
-                per_b[i].append((name, Val(f"{a.label}-{b.label}", ev.sign * (a.x - b.x), a.e + b.e, a.rule),
-                                 f"{a} vs {b}"))
+                per_b[i].append((name, ev.minus(a, b), f"{a} vs {b}"))
             continue
         res = [_diff(ev, a, b, by) for b in bs]
         out.append((name, combine([r for r, _ in res], "all"), "; ".join(t for _, t in res)))
@@ -512,34 +557,38 @@ def _eval_trend(ev: Evaluator):
                 out.append((label, None, f"{len(vals)} of the {len(order)} points ran ({along}: "
                                          f"{', '.join(map(str, present))}); {direction} needs {need} points"))
                 continue
-            verdict, text = _trend(vals, direction, steps)
+            verdict, text = _trend(vals, direction, steps, ev.minus)
             if len(vals) < len(order):
                 text += f" ({len(vals)} of the {len(order)} points ran)"
             out.append((label, verdict, text))
     return out
 
 
-def _trend(vals: list[Val], direction: str, steps: str) -> tuple[str, str]:
+def _trend(vals: list[Val], direction: str, steps: str, sub=minus) -> tuple[str, str]:
+    """`sub(a, b, sign)` is a - b with its noise (`Evaluator.minus`: paired over seeds where it can be)."""
     seq = " -> ".join(str(v) for v in vals)
+    def gt(a: Val, b: Val, sign: float = 1.0) -> tuple[str, Val]:
+        q = sub(a, b, sign)
+        return decide(q.x, q.e, ">", 0), q
     if direction == "peak":
         inner = max(vals[1:-1], key=lambda v: v.x)
-        left = decide(inner.x - vals[0].x, inner.e + vals[0].e, ">", 0)
-        right = decide(inner.x - vals[-1].x, inner.e + vals[-1].e, ">", 0)
+        (left, ql), (right, qr) = gt(inner, vals[0]), gt(inner, vals[-1])
         end = max((vals[0], vals[-1]), key=lambda v: v.x)
         if left == "holds" and right == "holds":
-            return "holds", f"{seq}: interior max {inner} above both ends"
-        if decide(end.x - inner.x, end.e + inner.e, ">", 0) == "holds":
-            return "fails", f"{seq}: end {end} above every interior point"
+            return "holds", f"{seq}: interior max {inner} above both ends{_paired_text(ql)}{_paired_text(qr)}"
+        up, qe = gt(end, inner)
+        if up == "holds":
+            return "fails", f"{seq}: end {end} above every interior point{_paired_text(qe)}"
         return "undecided", f"{seq}: interior max {inner} not decidedly above both ends"
     s = 1.0 if direction == "increasing" else -1.0
-    ends = decide(s * (vals[-1].x - vals[0].x), vals[-1].e + vals[0].e, ">", 0)
+    ends, qe = gt(vals[-1], vals[0], s)
     against = [f"{a.label}->{b.label}" for a, b in zip(vals, vals[1:])
-               if decide(s * (b.x - a.x), a.e + b.e, "<", 0) == "holds"] if steps == "all" else []
+               if gt(a, b, s)[0] == "holds"] if steps == "all" else []
     if against:
         return "fails", f"{seq}: step(s) decidedly against {direction}: {', '.join(against)}"
     if ends == "fails":
-        return "fails", f"{seq}: ends decidedly against {direction}"
-    return ends, f"{seq}: ends {'' if ends == 'holds' else 'not decidedly '}{direction}"
+        return "fails", f"{seq}: ends decidedly against {direction}{_paired_text(qe)}"
+    return ends, f"{seq}: ends {'' if ends == 'holds' else 'not decidedly '}{direction}{_paired_text(qe)}"
 
 
 def _ratio_val(a: Val, b: Val) -> Val:
@@ -629,8 +678,8 @@ def _eval_near(ev: Evaluator):
         if q_kind == "ratio":
             q = _ratio_val(a, b)
         else:
-            q = Val(f"{a.label}-{b.label}", ev.sign * (a.x - b.x), a.e + b.e, a.rule)
-        items.append((name, q, f"{a} vs {b}"))
+            q = ev.minus(a, b)
+        items.append((name, q, f"{a} vs {b}{_paired_text(q)}"))
     out = []
     for name, q, text in _aggregate(ev, items):
         if q is None:

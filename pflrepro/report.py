@@ -61,6 +61,8 @@ def compare(runs: pd.DataFrame, paper: pd.DataFrame | None, on=("method", "setti
     # one seed: std stays NaN (printed blank), not 0.00, which would claim a spread of zero
     out["last10"] = g["last10"].mean().values
     out = out.rename(columns={"mean": "reproduced", "std": "repro_std", "count": "seeds"})
+    if "seed" in runs.columns:
+        out["repro_seeds"] = seed_values(runs, on, value)
     if paper is not None:
         p = paper.rename(columns={"value": "paper", "std": "paper_std"})
         if "paper_std" not in p.columns:  # papers that print single numbers (DC-PFL)
@@ -73,6 +75,14 @@ def compare(runs: pd.DataFrame, paper: pd.DataFrame | None, on=("method", "setti
             else (lambda col: out[col].rank(ascending=False, method="min"))
         out["rank"], out["paper_rank"] = rank("reproduced"), rank("paper")  # orderings, side by side
     return out
+
+
+def seed_values(df: pd.DataFrame, on: list, value: str) -> list[str]:
+    """Per group of `on`, in `groupby(on, sort=False)` order (as `compare` aggregates), each seed's `value` as
+    "seed:value;..." (`repro_seeds`, the machine column the claims checker pairs seeds with: seed s draws the
+    same partition for every method)."""
+    return [";".join(f"{s}:{v:.6g}" for s, v in sorted(zip(g["seed"], g[value])) if v == v)
+            for _, g in df.groupby(list(on), sort=False)]
 
 
 def compare_to_paper(runs: pd.DataFrame, paper: pd.DataFrame, paper_column: dict | None, value: str = "best"):
@@ -247,6 +257,7 @@ def banner(profile: str, dataset: str, note: str = "", seeds=None) -> str:
     return s + (f" | {note}" if note else "")
 
 
+MACHINE_COLUMNS = ("repro_seeds",)   # in the CSV for the claims checker, not in the markdown a reader sees
 _COUNTS = re.compile(r"(^|_)(rank|seeds|rounds?|clients|runs|epochs|evaluations)$")
 
 
@@ -264,7 +275,7 @@ def to_markdown(df: pd.DataFrame, title: str, banner_line: str, digits: int = 2)
         return str(v)
     buf = io.StringIO()
     buf.write(f"## {title}\n\n> {banner_line}\n\n")
-    cols = list(df.columns)
+    cols = [c for c in df.columns if c not in MACHINE_COLUMNS]
     buf.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
     for _, r in df.iterrows():
         buf.write("| " + " | ".join(fmt(r[c], c) for c in cols) + " |\n")
@@ -307,13 +318,16 @@ def at_rounds(curves: pd.DataFrame, metric: str, fractions=(0.25, 0.5, 0.75, 1.0
     for ds, d in curves.groupby("dataset", sort=False):
         evaluated = sorted(d["round"].unique())
         picks = sorted({evaluated[max(0, int(round(f * len(evaluated))) - 1)] for f in fractions})
-        g = d[d["round"].isin(picks)].groupby(["round", "method"], sort=True)[metric]
-        out = g.agg(["mean", "std", "count"]).reset_index()
+        picked = d[d["round"].isin(picks)]
+        out = picked.groupby(["round", "method"], sort=True)[metric].agg(["mean", "std", "count"]).reset_index()
+        if "seed" in picked.columns:
+            out["repro_seeds"] = seed_values(picked, ["round", "method"], metric)
         rows.append(out.assign(dataset=ds, setting="round " + out["round"].astype(str)))
     if not rows:
         return pd.DataFrame(columns=["dataset", "setting", "method", "reproduced", "repro_std", "seeds"])
     t = pd.concat(rows, ignore_index=True).rename(columns={"mean": "reproduced", "std": "repro_std", "count": "seeds"})
-    return t[["dataset", "setting", "method", "reproduced", "repro_std", "seeds"]]
+    return t[["dataset", "setting", "method", "reproduced", "repro_std", "seeds"]
+             + [c for c in ("repro_seeds",) if c in t.columns]]
 
 
 def plot_curves(df: pd.DataFrame, metric: str = "pm_acc_mean", title: str = "", ylabel: str = "accuracy (%)",

@@ -82,6 +82,49 @@ def test_order_noise_rule(tmp_path, a, sa, b, sb, seeds, expected):
     assert "x" in r["evidence"] and "y" in r["evidence"]       # the numbers that decided it
 
 
+def seeded(method, per_seed: dict, setting="s1") -> dict:
+    """A row whose seeds are listed (`repro_seeds`, as report.compare writes it)."""
+    v = list(per_seed.values())
+    return acc(method, sum(v) / len(v), float(pd.Series(v).std()) if len(v) > 1 else None, len(v), setting,
+               repro_seeds=";".join(f"{s}:{x}" for s, x in per_seed.items()))
+
+
+@pytest.mark.parametrize("x, y, expected, gap, noise", [
+    # diffs 0.6, 2.2: mean 1.4 > their std 1.131 (unpaired: 92.3 vs 90.9 inside 2.12 + 3.11)
+    ({0: 93.8, 1: 90.8}, {0: 93.2, 1: 88.6}, "holds", 1.40, 1.13),
+    # diffs -2, -2, -1.5: mean -1.83, std 0.29 floored at min_gap / 2 = 0.5
+    ({0: 80.0, 1: 81.0, 2: 79.0}, {0: 82.0, 1: 83.0, 2: 80.5}, "fails", -1.83, 0.50),
+    ({0: 83.0, 1: 79.0}, {0: 80.0, 1: 80.0}, "undecided", 1.00, 2.83),    # diffs 3, -1: mean 1, std 2.83
+    ({0: 80.3, 1: 80.36}, {0: 80.0, 1: 80.0}, "undecided", 0.33, 0.50),    # std 0.04: the floor decides
+])
+def test_order_pairs_seeds_where_both_ran_them(tmp_path, x, y, expected, gap, noise):
+    root = table(tmp_path, "t_table", [seeded("x", x), seeded("y", y)])
+    r = run(root, {"form": "order", "a": "x", "b": "y"})
+    assert r["verdict"] == expected, r["evidence"]
+    assert f"gap {gap:+.2f} vs noise {noise:.2f} (paired over seeds" in r["evidence"], r["evidence"]
+
+
+def test_unpaired_where_fewer_than_two_seeds_are_common(tmp_path):
+    # x ran seeds 0, 1; y seed 0 only: the means' rule, 80.5 - 78 = 2.5 against 0.71 + 0.5
+    root = table(tmp_path, "t_table", [seeded("x", {0: 80.0, 1: 81.0}), seeded("y", {0: 78.0})])
+    r = run(root, {"form": "order", "a": "x", "b": "y"})
+    assert r["verdict"] == "holds" and "paired" not in r["evidence"] and "noise 1.21" in r["evidence"]
+    # a claim on another column (last10) has no per-seed values: unpaired
+    rows = [{**seeded("x", {0: 93.8, 1: 90.8}), "last10": 92.3}, {**seeded("y", {0: 93.2, 1: 88.6}), "last10": 90.9}]
+    r = run(table(tmp_path, "t_table", rows), {"form": "order", "a": "x", "b": "y", "column": "last10"})
+    assert "paired" not in r["evidence"]
+
+
+def test_trend_steps_pair_seeds(tmp_path):
+    # seed 0: 60 -> 61, seed 1: 70 -> 71.2: each seed rises (mean +1.1, std 0.14 floored at 0.5), while the
+    # means 65 -> 66.1 sit inside their spreads (7.1 + 7.2)
+    rows = [seeded("a", {0: 60.0, 1: 70.0}, "r=20%"), seeded("a", {0: 61.0, 1: 71.2}, "r=60%")]
+    r = run(table(tmp_path, "t_table", rows), {"form": "trend", "direction": "increasing"})
+    assert r["verdict"] == "holds" and "paired over seeds 0, 1: +1.00, +1.20" in r["evidence"], r["evidence"]
+    rows = [seeded("a", {0: 60.0, 1: 70.0}, "r=20%"), seeded("a", {0: 59.0, 1: 69.2}, "r=60%")]
+    assert verdict(table(tmp_path, "t_table", rows), {"form": "trend", "direction": "increasing"}) == "fails"
+
+
 def test_min_gap_is_the_claims_or_the_files(tmp_path):
     root = table(tmp_path, "t_table", [acc("x", 81.5), acc("y", 80.0)])
     assert verdict(root, {"form": "order", "a": "x", "b": "y"}) == "holds"

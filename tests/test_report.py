@@ -32,6 +32,18 @@ def test_compare_paper_without_std_column():
     assert (out.loc["a", "rank"], out.loc["a", "paper_rank"]) == (2.0, 1.0)   # orderings disagree, side by side
 
 
+def test_compare_keeps_each_seeds_value_for_the_claims_checker():
+    """`repro_seeds`: "seed:value" per group, seeds in order whatever the row order, aligned with its group
+    (the checker pairs seeds with it); a machine column, left out of the markdown a reader sees."""
+    runs = _runs().iloc[[3, 0, 2, 1]].reset_index(drop=True)        # b1, a0, b0, a1
+    runs.loc[runs.method == "b", "best"] = [91.5, 90.0]               # b seed 1 = 91.5, seed 0 = 90.0
+    out = report.compare(runs, None).set_index("method")
+    assert out.loc["a", "repro_seeds"] == "0:80;1:82"
+    assert out.loc["b", "repro_seeds"] == "0:90;1:91.5"
+    md = report.to_markdown(out.reset_index(), "t", "b")
+    assert "repro_seeds" not in md and "0:80" not in md and "reproduced" in md
+
+
 def test_plot_vs_paper_draws_paper_ticks_only_where_the_paper_has_a_number():
     """mini runs on Fashion-MNIST, the paper printed CIFAR numbers only: an all-missing paper column
     (and a missing cell) must plot the bars and skip the ticks, not fail (dvc repro did, 2026-11-23)."""
