@@ -87,13 +87,29 @@ def seed_values(df: pd.DataFrame, on: list, value: str) -> list[str]:
 
 def compare_to_paper(runs: pd.DataFrame, paper: pd.DataFrame, paper_column: dict | None, value: str = "best"):
     """`compare_table` when the runs are on the paper's datasets; otherwise (a mini profile on Fashion-MNIST)
-    `compare` against the one paper column `paper_column` ({dataset, setting}) names. Returns the table, the
-    paper rows it was compared with, and that column (None when the datasets match)."""
+    `compare` against the one paper column `paper_column` ({dataset, setting}) names, or, for a setting its
+    `per_setting` maps ({setting: {dataset, setting}}: a stand-in for another of the paper's columns), that
+    column. Returns the table, the paper rows it was compared with, and `paper_column` (None when the datasets
+    match)."""
     if set(runs.dataset) <= set(paper.dataset):
         return compare_table(runs, paper, value=value), paper, None
-    col = paper[(paper.dataset == paper_column["dataset"]) & (paper.setting == paper_column["setting"])]
-    keep = [c for c in ("method", "value", "std") if c in col.columns]
-    return compare(runs, col[keep], on=("dataset", "setting", "method"), value=value), col, paper_column
+    per_setting = paper_column.get("per_setting") or {}
+    tables, cols = [], []
+    for setting, own in runs.groupby("setting", sort=False):
+        ref = per_setting.get(setting, paper_column)
+        col = paper[(paper.dataset == ref["dataset"]) & (paper.setting == ref["setting"])]
+        keep = [c for c in ("method", "value", "std") if c in col.columns]
+        tables.append(compare(own, col[keep], on=("dataset", "setting", "method"), value=value))
+        cols.append(col if not per_setting else col.assign(shown_as=setting))
+    return pd.concat(tables, ignore_index=True), pd.concat(cols).drop_duplicates(), paper_column
+
+
+def paper_column_note(ref: dict | None) -> str:
+    """'Paper column: ...' for a table `compare_to_paper` set beside another dataset's paper column(s)."""
+    if not ref:
+        return ""
+    others = "".join(f"; {s}: {c['dataset']} {c['setting']}" for s, c in (ref.get("per_setting") or {}).items())
+    return f"Paper column: {ref['dataset']} {ref['setting']}{others} (this profile ran other data)."
 
 
 def communication(results: dict) -> pd.DataFrame:

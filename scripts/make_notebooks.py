@@ -81,7 +81,7 @@ missing = sorted(set(paper.method) - set(table.method))
 E.table(table, "Table 1 (personalized accuracy %, mean of the last 10 evaluations as the paper; best round beside)",
         note="FedBSD's own row is lost in our copy of the paper: its paper cell is empty, not zero. "
              + (f"Paper rows not run here: {', '.join(missing)}. " if missing else "")
-             + (f"Paper column: {ref['dataset']} {ref['setting']} (this profile ran other data)." if ref else ""))
+             + report.paper_column_note(ref))
 E.figure(report.plot_vs_paper(table, E.banner), "vs_paper")'''
 
 FEDBSD_FIG4 = '''runs = E.tidy()   # one row per run, in `results` order: add what the sweeps read from each run's config

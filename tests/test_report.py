@@ -44,6 +44,31 @@ def test_compare_keeps_each_seeds_value_for_the_claims_checker():
     assert "repro_seeds" not in md and "0:80" not in md and "reproduced" in md
 
 
+def test_compare_to_paper_sets_each_setting_beside_its_own_paper_column():
+    """A mini profile on other data: every setting beside the one paper column `paper_column` names, or the
+    column its `per_setting` maps (FedBSD's MLP setting stands in for FEMNIST's column); on the paper's own
+    datasets the paper's rows match by dataset and setting, and no column is named."""
+    paper = pd.DataFrame({"dataset": ["cifar10", "cifar10", "femnist", "femnist"],
+                          "setting": ["N=100 S=2"] * 2 + ["N=150 S=3"] * 2, "method": ["a", "b", "a", "b"],
+                          "value": [85.0, 88.0, 70.0, 75.0]})
+    runs = pd.concat([_runs().assign(dataset="fmnist", setting="N=20 S=2"),
+                      _runs().assign(dataset="fmnist", setting="N=40 S=3 MLP")], ignore_index=True)
+    ref = {"dataset": "cifar10", "setting": "N=100 S=2", "per_setting": {"N=40 S=3 MLP": {"dataset": "femnist",
+                                                                                        "setting": "N=150 S=3"}}}
+    table, cols, got = report.compare_to_paper(runs, paper, ref, value="best")
+    t = table.set_index(["setting", "method"])
+    assert t.loc[("N=20 S=2", "a"), "paper"] == 85.0 and t.loc[("N=40 S=3 MLP", "b"), "paper"] == 75.0
+    assert t.loc[("N=40 S=3 MLP", "a"), "diff"] == 81.0 - 70.0 and len(table) == 4
+    assert set(cols.dataset) == {"cifar10", "femnist"} and got is ref
+    assert report.paper_column_note(got) == ("Paper column: cifar10 N=100 S=2; N=40 S=3 MLP: femnist N=150 S=3 "
+                                            "(this profile ran other data).")
+    single = {"dataset": "cifar10", "setting": "N=100 S=2"}
+    t = report.compare_to_paper(runs, paper, single)[0].set_index(["setting", "method"])
+    assert t.loc[("N=40 S=3 MLP", "b"), "paper"] == 88.0                 # no per_setting: the one column
+    same = report.compare_to_paper(_runs().assign(dataset="cifar10", setting="N=100 S=2"), paper, single)
+    assert same[2] is None and same[0].set_index("method").loc["b", "paper"] == 88.0
+
+
 def test_plot_vs_paper_draws_paper_ticks_only_where_the_paper_has_a_number():
     """mini runs on Fashion-MNIST, the paper printed CIFAR numbers only: an all-missing paper column
     (and a missing cell) must plot the bars and skip the ticks, not fail (dvc repro did, 2026-11-23)."""
