@@ -73,7 +73,7 @@ def test_diverged_runs_are_the_started_unfinished_ones_of_a_divergence(tmp_path)
 
 
 def test_search_configs_override_only_the_searched_method_and_settings():
-    P = load_profile("perfed_ckt_table1", "mini")
+    P = {**load_profile("perfed_ckt_table1", "mini"), "seeds": [0]}   # one seed: 2 points x 2 methods
     spec = {"space": {"lr": [0.1, 0.01]}, "per_method": {"perfed_ckt_*": {"hparams.lam": [0.5]}}}
     configs, meta = tune.search_configs(P, spec, ["fedavg", "perfed_ckt_c3"])
     assert len(configs) == 4 and len(meta) == 4
