@@ -54,13 +54,14 @@ at most min_gap is undecided), a ratio A / B carries |A/B| (e_A/|A| + e_B/|B|), 
 sqrt(sum e_i^2) / k. A comparison of a quantity q (noise e) with a threshold t is undecided when
 |q - t| <= e, else decided by the comparison (with e = 0, by the plain comparison, so `at_most: 1`
 holds at exactly 1). `near` compares |q - target| with the tolerance the same way.
+
 PAIRED SEEDS. Seed s draws the same partition and initialisation for every method, and the partition moves
 all methods together (3-6 points between seeds on pFedSD Table 2). Where a table has `repro_seeds` (each
 seed's value, report.compare) and both sides of a difference ran two or more common seeds, the difference
 is paired: its value is the mean of the per-seed differences and its noise their std over seeds, floored
 at min_gap / 2 (the same strength as the unpaired rule, a spread and not a standard error). Ratios stay
-unpaired. Over cells: `all`
-holds when every cell holds and fails when any fails; `most` holds when more than half hold and fails
+unpaired.
+OVER CELLS. `all` holds when every cell holds and fails when any fails; `most` holds when more than half hold and fails
 when at least half fail; `any` holds when one holds and fails when all fail; otherwise undecided.
 A claim is `not run` when its table, profile, cells or methods are not in the outputs.
 
@@ -564,7 +565,7 @@ def _eval_trend(ev: Evaluator):
     return out
 
 
-def _trend(vals: list[Val], direction: str, steps: str, sub=minus) -> tuple[str, str]:
+def _trend(vals: list[Val], direction: str, steps: str, sub) -> tuple[str, str]:
     """`sub(a, b, sign)` is a - b with its noise (`Evaluator.minus`: paired over seeds where it can be)."""
     seq = " -> ".join(str(v) for v in vals)
     def gt(a: Val, b: Val, sign: float = 1.0) -> tuple[str, Val]:

@@ -100,7 +100,7 @@ def compare_to_paper(runs: pd.DataFrame, paper: pd.DataFrame, paper_column: dict
         col = paper[(paper.dataset == ref["dataset"]) & (paper.setting == ref["setting"])]
         keep = [c for c in ("method", "value", "std") if c in col.columns]
         tables.append(compare(own, col[keep], on=("dataset", "setting", "method"), value=value))
-        cols.append(col if not per_setting else col.assign(shown_as=setting))
+        cols.append(col)
     return pd.concat(tables, ignore_index=True), pd.concat(cols).drop_duplicates(), paper_column
 
 
