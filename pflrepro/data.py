@@ -68,6 +68,8 @@ class DatasetSpec:
     loader: Callable | None = None       # loader(spec) -> RawDataset, for sets without a torchvision class
     stand_in: tuple | None = None        # (n_train, n_test) of the stand-in where the real counts are too many to
                                          # synthesise (per-image shape and classes stay the real set's)
+    exact_counts: bool = True            # n_train/n_test are the real set's counts, checked on load; False where
+                                         # the files decide them (LEAF's sampling options, user-prepared domains)
 
 
 SPECS = {
@@ -154,12 +156,11 @@ def _load_fmnist_idx(folder: Path, verify: bool = True) -> RawDataset:
 
 
 def _check_shapes(ds: RawDataset) -> None:
-    """Image shapes and label range; the counts too, except for a set whose loader decides them (FEMNIST: LEAF's
-    sampling options)."""
+    """Image shapes and label range; the counts too, unless the files decide them (`DatasetSpec.exact_counts`)."""
     s = ds.spec
     want_tr, want_te = (s.n_train, s.channels, s.size, s.size), (s.n_test, s.channels, s.size, s.size)
     got_tr, got_te = tuple(ds.x_train.shape), tuple(ds.x_test.shape)
-    if s.loader is not None:
+    if not s.exact_counts:
         got_tr, got_te, want_tr, want_te = got_tr[1:], got_te[1:], want_tr[1:], want_te[1:]
     if got_tr != want_tr or got_te != want_te:
         raise DatasetUnavailable(f"{s.name}: shapes {tuple(ds.x_train.shape)}/{tuple(ds.x_test.shape)}, "
@@ -318,6 +319,12 @@ def _load_fmnist_domains(spec: DatasetSpec) -> RawDataset:
                       d_train=out["train"][1], d_test=out["test"][1])
 
 
+def _not_offline(spec: DatasetSpec, fix: str, missing=()) -> DatasetUnavailable:
+    """The error for a set pflrepro reads from files the user provides and never downloads."""
+    return DatasetUnavailable(f"Dataset '{spec.name}' is not available offline and pflrepro does not download it.\n"
+                              f"  Fix: {fix}" + (f"\n  Missing: {', '.join(map(str, missing))}" if missing else ""))
+
+
 def _load_domain_files(spec: DatasetSpec) -> RawDataset:
     """A multi-domain set from files the user provides (no public torchvision class reads them):
     `$PFLREPRO_DATA/<name>/<domain>_train.npz` and `<domain>_test.npz` for every domain, each holding uint8 `x`
@@ -328,12 +335,10 @@ def _load_domain_files(spec: DatasetSpec) -> RawDataset:
     missing = [str(folder / f"{dom}_{half}.npz") for dom in spec.domains for half in ("train", "test")
                if not (folder / f"{dom}_{half}.npz").exists()]
     if missing:
-        raise DatasetUnavailable(
-            f"Dataset '{spec.name}' is not available offline and pflrepro does not download it.\n"
-            f"  Fix: put one file per domain and half under {folder} (or set PFLREPRO_DATA): "
-            f"{', '.join(f'{d}_{{train,test}}.npz' for d in spec.domains)}, each with uint8 `x` of shape "
-            f"(N, {spec.size}, {spec.size}, {spec.channels}) or (N, {spec.channels}, {spec.size}, {spec.size}) "
-            f"and integer labels `y` in [0, {spec.num_classes}).\n  Missing: {', '.join(missing)}")
+        raise _not_offline(spec, f"put one file per domain and half under {folder} (or set PFLREPRO_DATA): "
+                           f"{', '.join(f'{d}_{{train,test}}.npz' for d in spec.domains)}, each with uint8 `x` of shape "
+                           f"(N, {spec.size}, {spec.size}, {spec.channels}) or (N, {spec.channels}, {spec.size}, "
+                           f"{spec.size}) and integer labels `y` in [0, {spec.num_classes}).", missing)
     for i, dom in enumerate(spec.domains):
         for half in ("train", "test"):
             with np.load(folder / f"{dom}_{half}.npz", allow_pickle=False) as f:
@@ -370,18 +375,27 @@ def _square_rgb(path: Path, size: int) -> np.ndarray:
         return np.asarray(im.crop((left, top, left + size, top + size)), dtype=np.uint8).transpose(2, 0, 1)
 
 
-def _read_coco_split(root: Path, ann_file: str, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _read_coco_split(root: Path, ann_file: str, size: int, workers: int | None = None,
+                     block: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """iNaturalist's COCO-style annotation file: `images` (id, file_name relative to `root`) and `annotations`
-    (image_id, category_id); images in id order, decoded one by one (the whole set is ~675,000 JPEGs)."""
+    (image_id, category_id); images in id order. The ~675,000 JPEGs are decoded by `workers` threads (default:
+    one per CPU; Pillow releases the GIL while it decodes and resizes), a block at a time, each image written to
+    its own row, so the tensor is the same whatever the number of threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
     with open(root / ann_file) as f:
         meta = json.load(f)
     label = {a["image_id"]: a["category_id"] for a in meta["annotations"]}
     images = sorted(meta["images"], key=lambda im: im["id"])
     x = torch.empty((len(images), 3, size, size), dtype=torch.uint8)
-    for i, im in enumerate(images):
-        x[i] = torch.as_tensor(_square_rgb(root / im["file_name"], size).copy())
-        if (i + 1) % 20000 == 0:
-            print(f"{ann_file}: {i + 1:,}/{len(images):,} images decoded", flush=True)
+    decode = lambda im: _square_rgb(root / im["file_name"], size)   # noqa: E731
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        for start in range(0, len(images), block):
+            for i, arr in enumerate(pool.map(decode, images[start:start + block]), start):
+                x[i] = torch.from_numpy(arr.copy())
+            done = min(start + block, len(images))
+            if done // 20000 > start // 20000 or done == len(images):
+                print(f"{ann_file}: {done:,}/{len(images):,} images decoded", flush=True)
     return x, torch.tensor([label[im["id"]] for im in images], dtype=torch.int64)
 
 
@@ -395,11 +409,9 @@ def _load_inaturalist(spec: DatasetSpec) -> RawDataset:
     root = data_root() / spec.name
     missing = [str(root / f) for f in INATURALIST_FILES if not (root / f).exists()]
     if missing:
-        raise DatasetUnavailable(
-            f"Dataset '{spec.name}' is not available offline and pflrepro does not download it.\n"
-            f"  Fix: put the iNaturalist-2017 release (train_val_images/ and {', '.join(INATURALIST_FILES)}) under "
-            f"{root} (or set PFLREPRO_DATA); the first load decodes it to {tensor_cache_dir() / spec.name}.pt.\n"
-            f"  Missing: {', '.join(missing)}")
+        raise _not_offline(spec, f"put the iNaturalist-2017 release (train_val_images/ and "
+                           f"{', '.join(INATURALIST_FILES)}) under {root} (or set PFLREPRO_DATA); the first load "
+                           f"decodes it to {tensor_cache_dir() / spec.name}.pt.", missing)
     xtr, ytr = _read_coco_split(root, INATURALIST_FILES[0], spec.size)
     xte, yte = _read_coco_split(root, INATURALIST_FILES[1], spec.size)
     ds = RawDataset(spec, xtr, ytr, xte, yte, source=f"{root} (resized to {spec.size}x{spec.size})")
@@ -450,11 +462,9 @@ def _load_leaf_femnist(spec: DatasetSpec) -> RawDataset:
     root = data_root() / spec.name
     folders = {half: _leaf_folder(root, half) for half in ("train", "test")}
     if None in folders.values():
-        raise DatasetUnavailable(
-            f"Dataset '{spec.name}' is not available offline and pflrepro does not download it.\n"
-            f"  Fix: run LEAF's FEMNIST preprocessing (github.com/TalwalkarLab/leaf, data/femnist: ./preprocess.sh "
-            f"-s niid --sf 1.0 -k 0 -t sample) and put its data/train and data/test folders of json files under "
-            f"{root / 'data'} (or set PFLREPRO_DATA).")
+        raise _not_offline(spec, f"run LEAF's FEMNIST preprocessing (github.com/TalwalkarLab/leaf, data/femnist: "
+                           f"./preprocess.sh -s niid --sf 1.0 -k 0 -t sample) and put its data/train and data/test "
+                           f"folders of json files under {root / 'data'} (or set PFLREPRO_DATA).")
     (xtr, ytr), (xte, yte) = _read_leaf(folders["train"]), _read_leaf(folders["test"])
     ds = RawDataset(spec, xtr, ytr, xte, yte, source=f"{root} (LEAF json, letters a-j)")
     _check_shapes(ds)
@@ -469,19 +479,19 @@ for _s in [
     # 10 % of a domain = 743 training images a client); the stand-in's test halves: 1,000 a domain (the real
     # test files may differ in size)
     DatasetSpec("digits", 3, 28, 10, 5 * 743, 5 * 1000, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
-                domains=("svhn", "mnistm", "synth", "mnist", "usps"), loader=_load_domain_files),
+                domains=("svhn", "mnistm", "synth", "mnist", "usps"), loader=_load_domain_files, exact_counts=False),
     # FedBN's DomainNet: the 10 most common classes, six domains, 256x256 RGB; the stand-in's sizes: 100 training
     # and 50 test images a domain (FedBN trains on 5 % of the smallest domain's training set)
     DatasetSpec("domainnet", 3, 256, 10, 6 * 100, 6 * 50, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
                 domains=("clipart", "infograph", "painting", "quickdraw", "real", "sketch"),
-                loader=_load_domain_files),
+                loader=_load_domain_files, exact_counts=False),
     # iNaturalist-2017 at 64 px (docs/fidelity.md "SCD Table 3"), ImageNet's normalisation; the stand-in: two
     # training images and one test image a class, 64 px like the real set
     DatasetSpec("inaturalist", 3, 64, 5089, 579184, 95986, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225),
                 loader=_load_inaturalist, stand_in=(2 * 5089, 5089)),
     # LEAF FEMNIST, letters a-j, EMNIST's normalisation; its counts depend on LEAF's sampling options, so the
     # numbers here only size the stand-in (4,000 training images a letter: room for FedRep's 150 x 148)
-    DatasetSpec("femnist", 1, 28, 10, 40000, 4000, (0.1736,), (0.3317,), loader=_load_leaf_femnist),
+    DatasetSpec("femnist", 1, 28, 10, 40000, 4000, (0.1736,), (0.3317,), loader=_load_leaf_femnist, exact_counts=False),
 ]:
     SPECS[_s.name] = _s
 _add_stand_ins()

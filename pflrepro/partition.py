@@ -596,6 +596,19 @@ def classes_uniform_shares(
     return _finish(parts)
 
 
+def share_out(want: np.ndarray, have: int) -> np.ndarray:
+    """``have`` samples over slots that ask ``want`` (more in all than ``have``): every slot that asks gets one
+    first (where ``have`` covers them all), then the rest goes in proportion to what each still asks, floored,
+    the leftover one by one to the largest remainders (ties: the earlier slot). Sums to ``have`` exactly."""
+    want = np.asarray(want, dtype=np.int64)
+    base = np.minimum(want, 1) if have >= int((want > 0).sum()) else np.zeros_like(want)
+    rest, left = want - base, int(have - base.sum())
+    quota = rest * left / max(int(rest.sum()), 1)
+    got = np.floor(quota).astype(np.int64)
+    got[np.argsort(-(quota - got), kind="stable")[:left - int(got.sum())]] += 1
+    return base + got
+
+
 def lognormal(
     labels: np.ndarray,
     n_clients: int,
@@ -614,9 +627,9 @@ def lognormal(
     full (docs/fidelity.md "FedBSD FEMNIST"): each client's S distinct classes are a leveled random assignment
     (every class held by N*S/C clients, as ``n_by_s``); its size is ``w_k / mean(w) * mean_size`` with
     ``w ~ LogNormal(0, sigma)`` (so the sizes average ``mean_size`` exactly), rounded, at least ``min_size``,
-    and split as evenly as possible over its S classes. A class asked for more samples than it has gives every
-    slot of that class the same fraction of its request (the sizes keep their log-normal shape up to that
-    cut); samples are dealt without replacement.
+    and split as evenly as possible over its S classes. A class asked for more samples than it has is shared
+    out over its slots (``share_out``: one each first, the rest in proportion to the requests), so no client
+    loses a class to the cut; samples are dealt without replacement.
     """
     labels = _check_labels(labels)
     n_clients = _check_n_clients(n_clients)
@@ -635,8 +648,8 @@ def lognormal(
     for c in range(n_classes):
         slot = classes == c
         asked = int(want[slot].sum())
-        if asked > len(members[c]):   # scale this class's slots down to what it has
-            want[slot] = np.floor(want[slot] * len(members[c]) / asked).astype(np.int64)
+        if asked > len(members[c]):   # share out what this class has
+            want[slot] = share_out(want[slot], len(members[c]))
     taken = np.zeros(n_classes, dtype=np.int64)
     parts = []
     for i in range(n_clients):

@@ -85,6 +85,13 @@ def test_inaturalist_loader_reads_the_coco_files_resizes_and_caches(tmp_path, mo
     # image 7 is 12x8: scaled to 6x4, cropped to columns 1..4 of it, so the left two stay dark and the right two bright
     assert ds.x_train[1, :, :, :2].max() < 60 and ds.x_train[1, :, :, 2:].min() > 140
     assert (tmp_path / "cache" / "inaturalist.pt").exists()
+    # decoded by threads a block at a time: the same tensor whatever the threads and block size
+    one = data._read_coco_split(root, "train2017.json", 4, workers=1, block=1)
+    many = data._read_coco_split(root, "train2017.json", 4, workers=3, block=2)
+    assert torch.equal(one[0], many[0]) and torch.equal(one[0], ds.x_train) and torch.equal(one[1], many[1])
+    # the real set's counts are checked: two images where the spec says three is an error
+    with pytest.raises(DatasetUnavailable, match=r"shapes \(2, 3, 4, 4\)"):
+        data._load_inaturalist(_tiny_spec("inaturalist", size=4, num_classes=3, n_train=3, n_test=1))
     with pytest.raises(DatasetUnavailable, match="train2017.json"):
         monkeypatch.setenv("PFLREPRO_DATA", str(tmp_path / "nothing"))
         data._load_inaturalist(spec)

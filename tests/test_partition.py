@@ -350,8 +350,31 @@ def test_lognormal_hand_computed_equal_sizes_when_sigma_is_zero():
     assert len(np.unique(all_idx)) == len(all_idx)          # dealt without replacement
 
 
+def test_share_out_hand_computed():
+    """One each first, the rest in proportion, leftovers to the largest remainders; every sample used."""
+    # [1, 1, 8] of 5: one each (3), the 2 left in proportion to [0, 0, 7] -> [1, 1, 3] (floor scaling gave [0, 0, 4])
+    assert P.share_out(np.array([1, 1, 8]), 5).tolist() == [1, 1, 3]
+    # [2, 3, 5] of 6: one each, 3 left over [1, 2, 4]: quotas 3/7, 6/7, 12/7 -> floors [0, 0, 1], remainders
+    # 0.43, 0.86, 0.71: the two leftovers to slots 1 and 2 -> [1, 2, 3]
+    assert P.share_out(np.array([2, 3, 5]), 6).tolist() == [1, 2, 3]
+    # equal asks: 3 x 20 of 30 -> 10 each; fewer samples than slots: proportional from zero, ties to the earlier slot
+    assert P.share_out(np.array([20, 20, 20]), 30).tolist() == [10, 10, 10]
+    assert P.share_out(np.array([3, 3, 3]), 2).tolist() == [1, 1, 0]
+    assert P.share_out(np.array([0, 4, 4]), 2).tolist() == [0, 1, 1]      # a slot asking nothing gets nothing
+
+
+def test_lognormal_a_skewed_client_never_loses_a_class_to_the_cut():
+    """Heavy skew on small classes (each asked for more than it has): every client that asks for all its 3 classes
+    (min_size 3: one a class at least) keeps them; floor scaling left some of these clients one or two."""
+    labels = np.repeat(np.arange(10), 40)
+    parts = P.lognormal(labels, 40, seed=2, classes_per_client=3, mean_size=60, sigma=2.0, min_size=3)
+    assert all(len(set(labels[p])) == 3 for p in parts)
+    all_idx = np.concatenate(parts)
+    assert len(np.unique(all_idx)) == len(all_idx) > 340                 # no replacement; more dealt than floors did
+
+
 def test_lognormal_a_class_asked_for_more_than_it_has_scales_its_slots_down():
-    """mean 60 asks 20 a slot, 3 slots a class = 60 of a class that has 30: every slot gets floor(20 * 30/60) = 10."""
+    """mean 60 asks 20 a slot, 3 slots a class = 60 of a class that has 30: every slot gets 20 * 30/60 = 10."""
     labels = np.repeat(np.arange(10), 30)
     parts = P.lognormal(labels, 10, seed=1, classes_per_client=3, mean_size=60, sigma=0.0)
     assert [len(p) for p in parts] == [30] * 10
