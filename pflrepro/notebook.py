@@ -149,7 +149,10 @@ class Experiment:
         """runs.csv (one row per run) and provenance.json (profile, banner, every run's origin)."""
         results = results if results is not None else self.results
         if results:
-            self.tidy(results).to_csv(self.res_dir / "runs.csv", index=False)
+            runs = self.tidy(results)
+            runs.to_csv(self.res_dir / "runs.csv", index=False)
+            for r in runs[runs["health"] != ""].itertuples(index=False):   # pflrepro.health: read its curve
+                print(f"health: {r.method} / {r.setting} / seed {r.seed} ({r.run}): {r.health}")
         prov = {"notebook": self.name, "profile": self.profile, "banner": self.banner,
                 "runs": {"/".join(map(str, k)): {"path": str(r.path.name),
                                                   **{x: r.provenance.get(x) for x in (

@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from . import claims
+from . import claims, health
 
 REPO_ROOT = claims.REPO_ROOT
 DVC_FILE = REPO_ROOT / "dvc.yaml"
@@ -59,6 +59,7 @@ class Stage:
     tables: list = field(default_factory=list)    # [(stem, markdown or None, csv path or None)]
     figures: list = field(default_factory=list)   # [Path]
     runs: list = field(default_factory=list)      # [{path, wall_seconds, seed, git, device, ...}]
+    health: list | None = None                    # runs.csv's flagged rows [{run, method, setting, seed, health}]; None = not checked
     notebook: Path | None = None
 
     @property
@@ -128,6 +129,7 @@ def load_stage(name: str, paper: str, results_root: Path, figures_root: Path) ->
     figs.update({p.name: p for p in sorted((figures_root / name).glob("*.png"))})
     st.figures = [figs[k] for k in sorted(figs)]
     st.runs = run_records(d, prov, results_root)
+    st.health = flagged_runs(d / "runs.csv")
     nb = d / f"{name}.ipynb"
     st.notebook = nb if nb.exists() else None
     return st
@@ -159,6 +161,37 @@ def run_records(stage_dir: Path, prov: dict, results_root: Path) -> list[dict]:
 
 
 # ------------------------------------------------------------------ summary
+def flagged_runs(runs_csv: Path) -> list[dict] | None:
+    """The runs a stage's runs.csv flags (pflrepro.health), or None where it has no health column (written
+    before the check existed, or a stage without runs)."""
+    if not runs_csv.exists():
+        return None
+    df = pd.read_csv(runs_csv, keep_default_na=False)
+    if "health" not in df.columns:
+        return None
+    return [{k: r.get(k) for k in ("run", "method", "setting", "seed", "health")}
+            for r in df.to_dict("records") if str(r["health"]).strip()]
+
+
+def health_markdown(stages: list[Stage]) -> str:
+    """One paragraph, and a table of the flagged runs (each once, with the stages that render it)."""
+    checked = [st for st in stages if st.health is not None]
+    if not checked:
+        return ""
+    flagged: dict = {}
+    for st in checked:
+        for r in st.health:
+            flagged.setdefault(r["run"], {**r, "stages": []})["stages"].append(st.name)
+    n_runs = len({r.get("path") for st in checked for r in st.runs})
+    head = (f"**Run health:** {len(flagged)} of {n_runs} runs flagged ({health.rule()}).\n")
+    if not flagged:
+        return head
+    return head + "\n" + _md_table(["run", "method / setting / seed", "stages", "flag"],
+                                   [[f"`{k}`", f"{r['method']} / {r['setting']} / {r['seed']}",
+                                     ", ".join(f"`{s}`" for s in r["stages"]), r["health"]]
+                                    for k, r in flagged.items()])
+
+
 def _counts(rows: list[dict]) -> dict:
     c = {v: 0 for v in claims.VERDICTS}
     for r in rows:
@@ -336,6 +369,7 @@ def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: P
                                  _duration(st.wall_seconds if st.runs else None), _count_text(_counts([r for r in rows if r["stage"] == st.name]))]
                                 for st in done]))
     parts.append(f"**{NOT_REPRODUCED.capitalize()}:** " + (", ".join(f"`{m}`" for m in missing) or "none") + "\n")
+    parts.append(health_markdown(done))
     parts += [stage_markdown(st, out_dir, [r for r in rows if r["stage"] == st.name]) for st in done]
     if rows:
         parts.append(claims_markdown(rows))
@@ -362,6 +396,13 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
              "offline stand-in data: its verdicts speak about trends there, not about the paper's numbers. "
              "Compute: the wall time of the distinct runs the outputs used.\n",
              summary_markdown(summary)]
+    checked = [st for sts in papers.values() for st in sts if st.exists and st.health is not None]
+    if checked:
+        flagged = {r["run"]: st.paper for st in checked for r in st.health}
+        per = ", ".join(f"{PAPERS.get(p, p)}: {n}" for p in papers
+                        if (n := sum(1 for v in flagged.values() if v == p)))
+        parts.append(f"Run health: {len(flagged)} run{'' if len(flagged) == 1 else 's'} flagged" + (f" ({per}; listed under each paper)" if per else "")
+                     + f", by the rule in `pflrepro/health.py` ({len(checked)} stages checked).\n")
     for paper, stages in papers.items():
         parts.append(paper_markdown(paper, stages, [r for r in rows if r["paper"] == paper], out_dir,
                                     (scale_notes or {}).get(paper)))

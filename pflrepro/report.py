@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import health
 from .runs import REPO_ROOT, RunResult, git_commit
 
 PAPER_DIR = REPO_ROOT / "paper_numbers"
@@ -41,14 +42,18 @@ def paper_setting(setting: str, dataset: str) -> str:
 
 
 def tidy(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
-    """{(method, setting, seed): RunResult} -> one row per run with best / last-10 / final scores."""
+    """{(method, setting, seed): RunResult} -> one row per run with best / last-10 / final scores, its largest
+    training-loss spike (pflrepro.health: ratio, round; nan / empty for none) and its health flags ('' = none)."""
     rows = []
     for (method, setting, seed), r in results.items():
-        rows.append({"method": method, "dataset": r.config.dataset, "setting": paper_setting(setting, r.config.dataset),
-                     "seed": seed,
-                     "best": score(r, metric, "best"), "last10": score(r, metric, "last_mean"),
-                     "final": score(r, metric, "final"), "best_round": r.summary[metric]["best_round"],
-                     "wall_s": r.provenance["wall_seconds"], "run": r.path.name})
+        spike, at = health.loss_spike([h.get("train_loss", float("nan")) for h in r.history])
+        row = {"method": method, "dataset": r.config.dataset, "setting": paper_setting(setting, r.config.dataset),
+               "seed": seed,
+               "best": score(r, metric, "best"), "last10": score(r, metric, "last_mean"),
+               "final": score(r, metric, "final"), "best_round": r.summary[metric]["best_round"],
+               "loss_spike": round(spike, 3), "spike_round": r.history[at]["round"] if at is not None else None}
+        row["health"] = "; ".join(health.warnings(spike, row["best"], row["final"]))
+        rows.append({**row, "wall_s": r.provenance["wall_seconds"], "run": r.path.name})
     return pd.DataFrame(rows)
 
 

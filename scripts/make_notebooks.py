@@ -589,7 +589,7 @@ def write_dvc_yaml() -> None:
     papers = [n for n in stages if n not in FIXED_STAGES and n != "example" and not n.startswith("train_")]
     stages["report"] = {  # the replication report: every paper's tables, figures and claims checklist, last
         "cmd": "python -m pflrepro report --results results --figures figures --out results/report",
-        "deps": ["pflrepro/claims.py", "pflrepro/replication.py", "paper_numbers"]
+        "deps": ["pflrepro/claims.py", "pflrepro/health.py", "pflrepro/replication.py", "paper_numbers"]
                 + [f"results/{n}" for n in papers] + [f"figures/{n}" for n in papers],
         "outs": ["results/report"],
     }

@@ -163,3 +163,25 @@ def test_readme_block_gets_the_summary_and_its_stamp():
     assert readme_with_summary(out, [row], "Measured at commit abc.") == out          # idempotent
     with pytest.raises(ValueError, match="report-summary"):
         readme_with_summary("# no markers\n", [row], "")
+
+
+def test_run_health_lists_each_flagged_run_once_with_its_stages(tree):
+    results, figures, _ = tree
+    for name in ("fake_table1", "fake_fig2"):          # m1-a is in both stages; m2-b, m3-c are healthy
+        df = pd.read_csv(results / name / "runs.csv")
+        df["health"] = ["fall: last evaluation 28.0 points under the best" if r == "m1-a" else "" for r in df["run"]]
+        df.to_csv(results / name / "runs.csv", index=False)
+    md = replication.write_report(results, figures, results / "report")["markdown"].read_text()
+    assert md.count("**Run health:** 1 of 3 runs flagged") == 1               # the fake paper: m1-a, m2-b, m3-c
+    assert "| `m1-a` | m1 / s1 / 0 | `fake_table1`, `fake_fig2` | fall: last evaluation 28.0 points under the best |" in md
+    assert re.search(r"Run health: 1 run flagged \(fake: 1; listed under each paper\), .*\(2 stages checked\)", md)
+    assert "other_table1" in md and md.count("**Run health:**") == 1          # a runs.csv without the column: not checked
+
+
+def test_run_health_says_none_flagged(tree):
+    results, figures, _ = tree
+    df = pd.read_csv(results / "fake_table1" / "runs.csv").assign(health="")
+    df.to_csv(results / "fake_table1" / "runs.csv", index=False)
+    md = replication.write_report(results, figures, results / "report")["markdown"].read_text()
+    assert "**Run health:** 0 of 2 runs flagged" in md           # fake_fig2's runs.csv has no column: not checked
+    assert "Run health: 0 runs flagged, by the rule" in md
