@@ -70,7 +70,8 @@ def _sync(device):
 
 def measure(cfg: RunConfig) -> dict:
     """Cost per client and per round of `cfg`'s method: round 1 warms up (and gives pFedSD's clients
-    their first v_k), rounds 2..R are timed (R = cfg.rounds), round R+1 is FLOP-counted.
+    their first v_k, FedFomo's clients their first uploads), rounds 2..R are timed (R = cfg.rounds), round
+    R+1 is FLOP-counted; bytes are the mean over rounds 2..R+1.
     Evaluation, which the paper's timing excludes, runs once at the end."""
     from .algorithms import ALGORITHMS
     from .runs import build_context, model_flops, resolve_device
@@ -83,7 +84,8 @@ def measure(cfg: RunConfig) -> dict:
     timed, counted = up[(up["round"] > 1) & (up["round"] <= R)], up[up["round"] == R + 1]
     sv = pd.DataFrame(algo.server)
     sv = sv[(sv["round"] > 1) & (sv["round"] <= R)]
-    per_client_bytes = float((up.bytes_down + up.bytes_up).mean())
+    steady = up[up["round"] > 1]   # round 1 warms up for bytes too: FedFomo has nothing to download yet
+    per_client_bytes = float((steady.bytes_down + steady.bytes_up).mean())
     return {
         "algorithm": cfg.algorithm, "dataset": cfg.dataset, "model": cfg.model,
         "clients_per_round": float(timed.groupby("round").size().mean()),

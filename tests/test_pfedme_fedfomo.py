@@ -260,3 +260,21 @@ def test_baselines_learn_on_pathological_fmnist(store, algorithm, subsample):
                         rounds=3), progress=False)
     pm = res.metric("pm_acc_mean")
     assert pm[-1] > 0.7 and pm[-1] > pm[0], pm
+
+
+@needs_fmnist
+def test_cost_bytes_are_the_steady_rounds_not_the_warm_up():
+    """Table 11's bytes per client and round (pflrepro.cost.measure): FedAvg one model down and one up; FedFomo
+    M models down, one model and M float32 weights up once every client has uploaded. Round 1, when FedFomo
+    has nothing to download, is warm-up (it made FedFomo's bytes 4.33 models instead of 6 at mini)."""
+    from tests.conftest import small_cfg
+
+    from pflrepro.config import RunConfig
+    from pflrepro.cost import measure
+    cfg = RunConfig.from_dict(small_cfg(n_clients=4, subsample=0.02, rounds=2, split="random",
+                                        split_params={"fractions": [0.75, 0.25]}))
+    avg = measure(cfg)
+    model = 4 * avg["model_params"]
+    assert avg["bytes_per_client"] == 2 * model
+    fomo = measure(cfg.replace(algorithm="fedfomo", hparams={"M": 2}))
+    assert fomo["bytes_per_client"] == 2 * model + model + 4 * 2
