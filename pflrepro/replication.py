@@ -183,7 +183,7 @@ def health_markdown(stages: list[Stage]) -> str:
         for r in st.health:
             flagged.setdefault(r["run"], {**r, "stages": []})["stages"].append(st.name)
     n_runs = len({r.get("path") for st in checked for r in st.runs})
-    head = (f"**Run health:** {len(flagged)} of {n_runs} runs flagged ({health.rule()}).\n")
+    head = f"**Run health:** {len(flagged)} of {n_runs} runs flagged (`pflrepro/health.py`).\n"
     if not flagged:
         return head
     return head + "\n" + _md_table(["run", "method / setting / seed", "stages", "flag"],
@@ -402,7 +402,8 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
         per = ", ".join(f"{PAPERS.get(p, p)}: {n}" for p in papers
                         if (n := sum(1 for v in flagged.values() if v == p)))
         parts.append(f"Run health: {len(flagged)} run{'' if len(flagged) == 1 else 's'} flagged" + (f" ({per}; listed under each paper)" if per else "")
-                     + f", by the rule in `pflrepro/health.py` ({len(checked)} stages checked).\n")
+                     + f" ({len(checked)} stage{'' if len(checked) == 1 else 's'} checked; {health.rule()}). The tables score each run's best "
+                     "round, which a collapsed or falling run would flatter.\n")
     for paper, stages in papers.items():
         parts.append(paper_markdown(paper, stages, [r for r in rows if r["paper"] == paper], out_dir,
                                     (scale_notes or {}).get(paper)))
