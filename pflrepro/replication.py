@@ -226,9 +226,11 @@ def summarize(papers: dict[str, list[Stage]], rows: list[dict], docs: dict[str, 
             if prof == NOT_REPRODUCED and not sts and not mine and profiles:
                 continue
             note = (docs[paper].get("scale_notes") or {}).get(prof, "") if paper in docs else "no claims file yet"
+            checked = [st for st in sts if st.health is not None]
             out.append({"paper": paper, "title": PAPERS.get(paper, paper), "profile": prof, "stages": len(sts),
                         **_counts(mine), "claims": len(mine),
                         "compute_s": round(_distinct_wall(sts), 1) if prof != NOT_REPRODUCED else None,
+                        "flagged": len({r["run"] for st in checked for r in st.health}) if checked else None,
                         "note": note})
     return out
 
@@ -251,9 +253,10 @@ def _md_table(header: list[str], rows: list[list]) -> str:
 
 
 def summary_markdown(summary: list[dict], link: bool = True) -> str:
-    head = ["paper", "profile", "stages", *claims.VERDICTS, "compute", "note"]
+    head = ["paper", "profile", "stages", *claims.VERDICTS, "compute", "runs flagged", "note"]
     rows = [[f"[{s['title']}](#paper-{s['paper']})" if link else s["title"], s["profile"], s["stages"],
-             *(s[v] for v in claims.VERDICTS), _duration(s["compute_s"]), s["note"]] for s in summary]
+             *(s[v] for v in claims.VERDICTS), _duration(s["compute_s"]),
+             "—" if s.get("flagged") is None else s["flagged"], s["note"]] for s in summary]
     return _md_table(head, rows)
 
 

@@ -173,6 +173,8 @@ def test_run_health_lists_each_flagged_run_once_with_its_stages(tree):
         df.to_csv(results / name / "runs.csv", index=False)
     md = replication.write_report(results, figures, results / "report")["markdown"].read_text()
     assert md.count("**Run health:** 1 of 3 runs flagged") == 1               # the fake paper: m1-a, m2-b, m3-c
+    assert re.search(r"\| \[fake\]\(#paper-fake\) \| mini \| 2 \| 2 \| 1 \| 1 \| 0 \| 35.0 s \| 1 \|", md)  # runs flagged
+    assert re.search(r"\| \[other\]\(#paper-other\) \| smoke \| 1 \|( \d+ \|){4} 1.0 s \| — \|", md)  # not checked
     assert "| `m1-a` | m1 / s1 / 0 | `fake_table1`, `fake_fig2` | fall: last evaluation 28.0 points under the best |" in md
     assert re.search(r"Run health: 1 run flagged \(fake: 1; listed under each paper\) \(2 stages checked; collapse = ", md)
     assert "other_table1" in md and md.count("**Run health:**") == 1          # a runs.csv without the column: not checked
