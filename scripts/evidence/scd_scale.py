@@ -23,16 +23,25 @@ METHODS = {"fedavg": {}, "feddyn": {}, "ditto": {}, "fedrep": None, "scd": {"hpa
 VARIANTS = {"E=1 (mini)": ({}, list(METHODS)), "E=5": ({"local_epochs": 5}, [m for m in METHODS if m != "scd_prox5"])}
 
 
+def grids() -> dict:
+    """{variant: {(method, setting, seed): RunConfig}}: SCD Table 1's mini profile with the variant's base
+    override and this study's methods (None = the profile's own entry)."""
+    out = {}
+    for variant, (over, names) in VARIANTS.items():
+        p = ex.load_profile("scd_table1", "mini", {"base": over})
+        p["methods"] = {m: (METHODS[m] if METHODS[m] is not None else p["methods"][m]) for m in names}
+        out[variant] = ex.grid(p)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=None, help="run store (default: results/runs, shared with dvc repro)")
     ap.add_argument("--jobs", default="auto")
     a = ap.parse_args()
     cells: dict = {}
-    for variant, (over, names) in VARIANTS.items():
-        p = ex.load_profile("scd_table1", "mini", {"base": over})
-        p["methods"] = {m: (METHODS[m] if METHODS[m] is not None else p["methods"][m]) for m in names}
-        for (m, setting, _), r in ex.run_grid(ex.grid(p), root=a.root, progress=False, jobs=a.jobs).items():
+    for variant, configs in grids().items():
+        for (m, setting, _), r in ex.run_grid(configs, root=a.root, progress=False, jobs=a.jobs).items():
             s = r.summary
             cells.setdefault(m, {})[f"{variant} {setting}"] = f"{100 * s['gm_acc']['best']:.1f} / {100 * s['pm_acc_weighted']['best']:.1f}"
     cols = [f"{v} {s}" for v in VARIANTS for s in ("alpha=1", "alpha=0.1")]
