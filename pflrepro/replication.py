@@ -173,16 +173,25 @@ def flagged_runs(runs_csv: Path) -> list[dict] | None:
             for r in df.to_dict("records") if str(r["health"]).strip()]
 
 
-def health_markdown(stages: list[Stage]) -> str:
-    """One paragraph, and a table of the flagged runs (each once, with the stages that render it)."""
-    checked = [st for st in stages if st.health is not None]
+def flagged_by_run(stages: list[Stage]) -> dict | None:
+    """{run: its runs.csv row + paper + the stages that render it}, each flagged run once; None where no stage
+    of `stages` was checked (no runs.csv health column)."""
+    checked = [st for st in stages if st.exists and st.health is not None]
     if not checked:
-        return ""
+        return None
     flagged: dict = {}
     for st in checked:
         for r in st.health:
-            flagged.setdefault(r["run"], {**r, "stages": []})["stages"].append(st.name)
-    n_runs = len({r.get("path") for st in checked for r in st.runs})
+            flagged.setdefault(r["run"], {**r, "paper": st.paper, "stages": []})["stages"].append(st.name)
+    return flagged
+
+
+def health_markdown(stages: list[Stage]) -> str:
+    """One paragraph, and a table of the flagged runs (each once, with the stages that render it)."""
+    flagged = flagged_by_run(stages)
+    if flagged is None:
+        return ""
+    n_runs = len({r.get("path") for st in stages if st.health is not None for r in st.runs})
     head = f"**Run health:** {len(flagged)} of {n_runs} runs flagged (`pflrepro/health.py`).\n"
     if not flagged:
         return head
@@ -226,11 +235,11 @@ def summarize(papers: dict[str, list[Stage]], rows: list[dict], docs: dict[str, 
             if prof == NOT_REPRODUCED and not sts and not mine and profiles:
                 continue
             note = (docs[paper].get("scale_notes") or {}).get(prof, "") if paper in docs else "no claims file yet"
-            checked = [st for st in sts if st.health is not None]
+            flagged = flagged_by_run(sts)
             out.append({"paper": paper, "title": PAPERS.get(paper, paper), "profile": prof, "stages": len(sts),
                         **_counts(mine), "claims": len(mine),
                         "compute_s": round(_distinct_wall(sts), 1) if prof != NOT_REPRODUCED else None,
-                        "flagged": len({r["run"] for st in checked for r in st.health}) if checked else None,
+                        "flagged": None if flagged is None else len(flagged),
                         "note": note})
     return out
 
@@ -399,11 +408,11 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
              "offline stand-in data: its verdicts speak about trends there, not about the paper's numbers. "
              "Compute: the wall time of the distinct runs the outputs used.\n",
              summary_markdown(summary)]
-    checked = [st for sts in papers.values() for st in sts if st.exists and st.health is not None]
-    if checked:
-        flagged = {r["run"]: st.paper for st in checked for r in st.health}
+    flagged = flagged_by_run([st for sts in papers.values() for st in sts])
+    if flagged is not None:
+        checked = [st for sts in papers.values() for st in sts if st.exists and st.health is not None]
         per = ", ".join(f"{PAPERS.get(p, p)}: {n}" for p in papers
-                        if (n := sum(1 for v in flagged.values() if v == p)))
+                        if (n := sum(1 for v in flagged.values() if v["paper"] == p)))
         parts.append(f"Run health: {len(flagged)} run{'' if len(flagged) == 1 else 's'} flagged" + (f" ({per}; listed under each paper)" if per else "")
                      + f" ({len(checked)} stage{'' if len(checked) == 1 else 's'} checked; {health.rule()}). The tables score each run's best "
                      "round, which a collapsed or falling run would flatter.\n")
