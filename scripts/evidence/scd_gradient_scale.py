@@ -204,7 +204,7 @@ def mini_setup(client: int) -> tuple[Setup, dict, tuple[torch.Tensor, torch.Tens
     s = Setup(f"{cfg.model} (mini)", lambda: build_model(cfg.model, spec.channels, spec.num_classes, spec.size),
               normalise_images(raw.x_train[own], spec, CPU), raw.y_train[own], cfg.batch_size, cfg.lr, cfg.momentum,
               normalise_images(raw.x_test, spec, CPU), raw.y_test, ids(part["test"][client]))  # into the test half
-    torch.manual_seed(derive_seed(cfg.seed, 0x1A17))   # the run's initial weights (pipeline.federation)
+    torch.manual_seed(derive_seed(cfg.seed, 0x1A17))   # the run's initial weights (runs.build_context)
     init = clone(s.make())
     return s, init, (normalise_images(raw.x_train[pool], spec, CPU), raw.y_train[pool])
 
