@@ -125,6 +125,33 @@ def test_fedbsd_student_own_starts_from_the_clients_previous_backbone():
     assert _same(glob.plan(2, 0, {"params": moved}, st).start, moved, list(up.payload))
 
 
+@needs_fmnist
+def test_fedbsd_scores_the_clients_distilled_backbone_with_its_head():
+    """What FedBSD scores (Alg. 1, `student: own`): after two rounds, each selected client's personalized model is,
+    parameter for parameter, the backbone it distilled and uploaded in its last round plus its private head; a
+    client never selected is the global backbone with its initial head. `student: global` (Sec. 3.2's replacement) scores
+    the server's averaged backbone with the client's head (FedRep's scoring) instead."""
+    ctx = _ctx(algorithm="fedbsd", rounds=2, participation=0.5)
+    for student in ("own", "global"):
+        algo = ALGORITHMS["fedbsd"](ctx, head_epochs=1, body_epochs=1, student=student)
+        res = run_rounds(ctx, algo, progress=False)
+        g = res.server["params"]
+        body = [n for n in g if n not in HEAD]
+        assert any(res.clients.values())
+        for k in range(ctx.cfg.n_clients):
+            c = res.clients.get(k)
+            pm = algo.personal_model(k, res.server, c).state_dict()
+            if not c:
+                assert _same(pm, g, body) and _same(pm, ctx.initial(k), HEAD)
+                continue
+            assert _same(pm, c["personal"], HEAD)
+            if student == "own":
+                assert set(c["body"]) == set(body) and _same(pm, c["body"], body)
+                assert not _same(pm, g, body)   # the distilled backbone, not the average
+            else:
+                assert "body" not in c and _same(pm, g, body)
+
+
 # ---------------------------------------------------------------- FedBABU
 @needs_fmnist
 def test_fedbabu_head_stays_at_its_initialisation_and_only_the_body_travels():
