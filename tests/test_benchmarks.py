@@ -18,7 +18,7 @@ TEXT = {"workload", "model"}
 @pytest.mark.slow
 def test_bench_fedavg_quick(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+                          cwd=REPO, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0 and "DatasetUnavailable" in proc.stderr:
         pytest.skip("Fashion-MNIST is not available offline (see scripts/setup.sh)")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -63,7 +63,7 @@ ENGINES_MAY_BE_ZERO = {"peak_mem_mb", "other_cpu"}  # an engine can stay within 
 @pytest.mark.slow
 def test_bench_engines_quick(tmp_path):
     proc = subprocess.run([sys.executable, str(ENGINES_SCRIPT), "--quick", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0 and "DatasetUnavailable" in proc.stderr + proc.stdout:
         pytest.skip("Fashion-MNIST is not available offline (see scripts/setup.sh)")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -125,7 +125,7 @@ def test_bench_jobs_quick(tmp_path):
     if parallel.resolve_jobs("auto", []) < 2:
         pytest.skip("one core: no side-by-side runs to compare")
     proc = subprocess.run([sys.executable, str(JOBS_SCRIPT), "--quick", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0 and "DatasetUnavailable" in proc.stderr + proc.stdout:
         pytest.skip("Fashion-MNIST is not available offline (see scripts/setup.sh)")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]  # rc 1: side_by_side changed a metric

@@ -198,7 +198,7 @@ def test_ctrl_c_stops_a_grid_and_its_workers_promptly_keeping_checkpoints(tmp_pa
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=repo, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PFLREPRO_JOBS": "2"})
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 600
         while len(list(root.glob("*/checkpoint.pt"))) < 2 and time.time() < deadline and proc.poll() is None:
             time.sleep(0.2)
         assert len(list(root.glob("*/checkpoint.pt"))) == 2, \

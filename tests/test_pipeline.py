@@ -202,7 +202,7 @@ def test_example_notebook_and_two_point_sweep(tmp_path):
         procs[lr] = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "PFLREPRO_JOBS": "1"})  # cwd elsewhere: paths resolve from repo root
     for lr, proc in procs.items():
-        _, err = proc.communicate(timeout=600)
+        _, err = proc.communicate(timeout=1800)
         assert proc.returncode == 0, err[-3000:]
         out = tmp_path / f"lr{lr}"
         for f in ("table.md", "table.csv", "runs.csv", "provenance.json", "figures/learning_curves.png", "figures/partition.png",
@@ -299,7 +299,7 @@ def test_dvc_lock_records_the_code_and_params_at_head():
     dvc = Path(sys.executable).with_name("dvc")
     if not dvc.exists():
         pytest.skip("dvc is not installed next to this Python")
-    r = subprocess.run([str(dvc), "status", "--json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([str(dvc), "status", "--json"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stderr[-2000:]
     stale = {}
     for stage, changes in json.loads(r.stdout or "{}").items():
