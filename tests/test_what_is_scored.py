@@ -1,22 +1,25 @@
 """What is scored, method by method: this file mirrors docs/evaluation.md's table "What is scored, for every
 method" for the families its closing paragraph listed as unchecked (FedRep, FedRoD, FedBN, APFL, pFedSD, SCD,
-PerFed-CKT, DC-PFL/FedGH) and completes FedPer and LG-FedAvg (the shared part too).
+PerFed-CKT, DC-PFL/FedGH, Local, FD, FedProto, FML, FedKD, FedAvg+last-local, L2GD, FedFomo) and completes FedPer
+and LG-FedAvg (the shared part too).
 
-Each test runs a tiny federation (4 clients, 2% of Fashion-MNIST, 1-2 rounds, one local epoch) with the round
-loop itself (`run_rounds`), then compares, parameter by parameter, the state dict of the model that `evaluate`
-scores (`algo.personal_model(k, server, clients.get(k))`, and `algo.global_model(server)` or
-`averaged_personal_model` for the generic column) with the pieces the table names: the server state after the
-last aggregation, the client's stored state, the client's last upload (recorded by wrapping `algo.upload`), or
-its architecture's initial weights. Each check is paired with one against the obvious wrong alternative (the
-server's copy of a personal part, the client's own upload instead of the average, v_k or w instead of APFL's
-mixture, ...), so that scoring the wrong model fails. The column "clients not selected this round" is checked on
-the clients a run never selected (`cstate` None, as `evaluate` passes them) and, where a run selects everybody,
-by calling `personal_model` with None directly.
+Each test runs a tiny federation (4 clients, 2% of Fashion-MNIST, 1-2 rounds, one local epoch) with the round loop
+itself (`run_rounds`), then compares, parameter by parameter, the state dict of the model that `evaluate` scores
+(`algo.personal_model(k, server, clients.get(k))`, and `algo.global_model(server)` or `averaged_personal_model` for
+the generic column) with the pieces the table names: the server state after the last aggregation, the client's
+stored state, the client's last upload (recorded by wrapping `algo.upload`; FedKD's deltas by wrapping
+`algo.aggregate`), or its architecture's initial weights. Each check is paired with one against the obvious wrong
+alternative (the server's copy of a personal part, the client's own upload instead of the average, v_k or w instead
+of APFL's mixture, ...), so that scoring the wrong model fails. The column "clients not selected this round" is
+checked on the clients a run never selected (`cstate` None, as `evaluate` passes them) and, where a run selects
+everybody, by calling `personal_model` with None directly.
 """
 import pytest
 import torch
 
 from pflrepro.algorithms import ALGORITHMS
+from pflrepro.algorithms.fedkd import compress_state
+from pflrepro.algorithms.fedproto import NearestPrototype
 from pflrepro.config import RunConfig
 from pflrepro.engine import clone_state, plain_average, run_rounds, sample_clients, weighted_average
 from pflrepro.models import bn_names
@@ -98,6 +101,32 @@ def _one_round_split(ctx, res) -> list:
     trained, never = _who(ctx, res)
     assert trained == _selected(ctx, 1) and len(trained) == 2 and len(never) == 2
     return trained
+
+
+def _check_own_models(ctx, algo, res, trained_differs):
+    """Methods whose PM is the client's own model (cstate['params']) and that keep no GM: a selected client is
+    scored on its own trained model (`trained_differs(pm, initial)`), each client on a different one, a client
+    never selected on its initial model; the generic column is the plain average of the trained clients' PMs.
+    Returns ({client: PM state}, the average's state)."""
+    trained = _one_round_split(ctx, res)
+    assert algo.global_model(res.server) is None
+    pms = {}
+    for k in range(ctx.cfg.n_clients):
+        c = res.clients.get(k)
+        pm = _pm(algo, k, res.server, c)
+        init = ctx.initial(k)
+        assert set(pm) == set(init)
+        if not c:
+            assert _same(pm, init, init)                   # never selected: its initial model
+            continue
+        assert set(c["params"]) == set(init) and _same(pm, c["params"], init)
+        assert trained_differs(pm, init)                   # trained, not its initial model
+        pms[k] = pm
+    a, b = trained
+    assert not _same(pms[a], pms[b], pms[a])               # each client's own model
+    avg = _averaged_pm(algo, res)
+    assert _close(avg, plain_average([res.clients[k]["params"] for k in trained]), avg)
+    return pms, avg
 
 
 # ---------------------------------------------------------------- FedPer, LG-FedAvg, FedRep
@@ -314,24 +343,7 @@ def test_perfed_ckt_scores_the_clients_own_local_model():
     algo = ALGORITHMS["perfed_ckt"](ctx, tau=2, public_batch=16)
     res = run_rounds(ctx, algo, progress=False)
     assert set(res.server) == {"centroids"}
-    trained = _one_round_split(ctx, res)
-    assert algo.global_model(res.server) is None
-    pms = {}
-    for k in range(ctx.cfg.n_clients):
-        c = res.clients.get(k)
-        pm = _pm(algo, k, res.server, c)
-        init = ctx.initial(k)
-        assert set(pm) == set(init)
-        if not c:
-            assert _same(pm, init, init)
-            continue
-        assert set(c["params"]) == set(init) and _same(pm, c["params"], init)
-        assert not _same(pm, init, init)                   # trained, not its initial model
-        pms[k] = pm
-    a, b = trained
-    assert not _same(pms[a], pms[b], pms[a])               # each client's own model
-    avg = _averaged_pm(algo, res)
-    assert _close(avg, plain_average([res.clients[k]["params"] for k in trained]), avg)
+    _check_own_models(ctx, algo, res, trained_differs=lambda a, b: not _same(a, b, a))
 
 
 # ---------------------------------------------------------------- DC-PFL (and FedGH, whose evaluation it inherits)
@@ -372,3 +384,234 @@ def test_dcpfl_scores_the_clients_own_extractor_with_the_current_global_header(n
     avg = _averaged_pm(algo, res)
     assert _close(avg, plain_average([res.clients[k]["body"] for k in trained]), body)
     assert _same(avg, head, HEAD)
+
+
+# ---------------------------------------------------------------- Local, FD (own whole model, nothing averaged)
+@needs_fmnist
+@pytest.mark.parametrize("name", ["local", "fd"])
+def test_own_model_methods_score_the_clients_last_local_model(name):
+    """local, fd: PM = the client's own model as its last local round left it (cstate['params']); never selected:
+    its architecture's initial model. The server holds no weights (Local: nothing; FD: per-label outputs): no GM,
+    the generic column is the plain average of the PMs of the clients that have trained."""
+    ctx = _ctx(algorithm=name)
+    algo = ALGORITHMS[name](ctx)
+    res = run_rounds(ctx, algo, progress=False)
+    assert set(res.server) == ({"table", "counts", "round"} if name == "fd" else set())
+    pms, avg = _check_own_models(ctx, algo, res, trained_differs=lambda a, b: _moved(a, b, a))
+    assert not _same(avg, pms[_one_round_split(ctx, res)[0]], avg) and not _same(avg, ctx.init_state, avg)
+
+
+# ---------------------------------------------------------------- FedProto
+@needs_fmnist
+@pytest.mark.parametrize("inference", ["classifier", "prototype"])
+def test_fedproto_scores_the_clients_own_model(inference):
+    """PM = the client's own whole model (cstate['params']); `inference: prototype`: the same network wrapped to
+    predict the nearest *current* global prototype (server `protos`, `has_proto`). Never selected: the
+    architecture's initial model. No GM: the plain mean of the clients' models."""
+    ctx = _ctx(algorithm="fedproto")
+    algo = ALGORITHMS["fedproto"](ctx, inference=inference)
+    res = run_rounds(ctx, algo, progress=False)
+    protos, has = res.server["protos"], res.server["has_proto"]
+    assert set(res.server) == {"protos", "has_proto"} and bool(has.any())
+    assert bool((protos[has].abs().sum(1) > 0).all())      # pooled this round (they start at zero)
+    trained = _one_round_split(ctx, res)
+    assert algo.global_model(res.server) is None
+    pms = {}
+    for k in range(ctx.cfg.n_clients):
+        c = res.clients.get(k)
+        net = algo.personal_model(k, res.server, c)
+        init = ctx.initial(k)
+        if inference == "prototype":
+            assert isinstance(net, NearestPrototype)
+            assert torch.equal(net.protos, protos) and torch.equal(net.has, has)   # the current global prototypes
+            assert set(net.state_dict()) == {"net." + n for n in init}
+            pm = {n[len("net."):]: t.detach().clone() for n, t in net.state_dict().items()}
+        else:
+            assert not isinstance(net, NearestPrototype)
+            pm = clone_state(net.state_dict())
+        assert set(pm) == set(init)
+        if not c:
+            assert _same(pm, init, init)
+            continue
+        assert set(c["params"]) == set(init) and _same(pm, c["params"], init)
+        assert _moved(pm, init, init)                      # trained, not its initial model
+        pms[k] = pm
+    a, b = trained
+    assert not _same(pms[a], pms[b], pms[a])
+    avg = _averaged_pm(algo, res)
+    assert _close(avg, plain_average([res.clients[k]["params"] for k in trained]), avg)
+
+
+# ---------------------------------------------------------------- FML
+@needs_fmnist
+def test_fml_scores_the_local_model_and_the_averaged_meme_model():
+    """PM = the client's own local model (cstate['params']); never selected: its initial model. GM = server
+    params, the n_k-weighted average of the uploaded meme models. The meme model here has the clients'
+    architecture (`shared_model: cnn_cifar10`), so "not the meme" compares values, not just shapes."""
+    ctx = _ctx(algorithm="fml")
+    algo = ALGORITHMS["fml"](ctx, shared_model="cnn_cifar10")
+    sent = _record_uploads(algo)
+    res = run_rounds(ctx, algo, progress=False)
+    g = res.server["params"]
+    init = ctx.init_state
+    assert set(g) == set(init)
+    trained = _one_round_split(ctx, res)
+    assert _close(g, weighted_average([sent[k][-1] for k in trained], _weights(ctx, trained)), g)
+    gm = _gm(algo, res.server)
+    assert set(gm) == set(g) and _same(gm, g, g)           # the averaged meme model
+    for k in trained:
+        assert not _same(gm, res.clients[k]["params"], g)  # not a client's local model
+        assert not _same(sent[k][-1], res.clients[k]["params"], g)   # the upload is the meme, not the local model
+    for k in range(ctx.cfg.n_clients):
+        c = res.clients.get(k)
+        pm = _pm(algo, k, res.server, c)
+        assert set(pm) == set(ctx.initial(k))
+        if not c:
+            assert _same(pm, ctx.initial(k), pm)
+            continue
+        assert set(c) == {"params"} and _same(pm, c["params"], pm)
+        assert _moved(pm, ctx.initial(k), pm)              # trained
+        assert not _same(pm, g, pm)                        # the local model, not the (averaged) meme
+        assert not _same(pm, sent[k][-1], pm)              # nor its own meme
+
+
+# ---------------------------------------------------------------- FedKD
+@needs_fmnist
+def test_fedkd_scores_the_mentor_and_the_mentee_as_gm():
+    """PM = the client's own mentor (cstate['mentor']); never selected: its initial model. GM = the mentee, server
+    params = the previous server params + the n_k-weighted average of the uploaded (SVD-compressed) deltas,
+    compressed again. The mentee has the clients' architecture here (`shared_model: cnn_cifar10`)."""
+    ctx = _ctx(algorithm="fedkd")
+    algo = ALGORITHMS["fedkd"](ctx, shared_model="cnn_cifar10")
+    seen = []
+    aggregate = algo.aggregate
+
+    def recording(rnd, server, updates, clients):
+        seen.append((clone_state(server["params"]), [clone_state(u.payload) for u in updates],
+                     [u.weight for u in updates]))
+        return aggregate(rnd, server, updates, clients)
+    algo.aggregate = recording
+    res = run_rounds(ctx, algo, progress=False)
+    g = res.server["params"]
+    init = ctx.init_state
+    trained = _one_round_split(ctx, res)
+    (before, deltas, weights), = seen
+    assert weights == _weights(ctx, trained) and set(g) == set(before) == set(init)
+    step, _ = compress_state(weighted_average(deltas, weights), algo.energy(1))
+    assert _close(g, {n: before[n] + step[n] for n in g}, g)
+    assert not _same(g, before, g)                         # the mentee moved
+    gm = _gm(algo, res.server)
+    assert set(gm) == set(g) and _same(gm, g, g)
+    for k in range(ctx.cfg.n_clients):
+        c = res.clients.get(k)
+        pm = _pm(algo, k, res.server, c)
+        assert set(pm) == set(ctx.initial(k))
+        if not c:
+            assert _same(pm, ctx.initial(k), pm)
+            continue
+        assert set(c) == {"mentor", "proj"} and _same(pm, c["mentor"], pm)
+        assert _moved(pm, ctx.initial(k), pm)              # the trained mentor
+        assert not _same(pm, g, pm) and not _same(pm, before, pm)   # not the mentee (after or before the round)
+        assert not _same(gm, c["mentor"], g)               # and the GM is not a mentor
+
+
+# ---------------------------------------------------------------- the 2-round schedule: [1, 3], then [1, 2]
+def _two_rounds(ctx) -> tuple[list, list]:
+    """`_ctx(rounds=2)` selects clients 1, 3 in round 1 and 1, 2 in round 2: 1 trains twice, 3 only in round 1
+    (its PM predates the last aggregation), 0 never."""
+    picks = [_selected(ctx, r) for r in (1, 2)]
+    assert picks == [[1, 3], [1, 2]]
+    return picks, sorted(set(picks[0]) | set(picks[1]))
+
+
+# ---------------------------------------------------------------- FedAvg + last local
+@needs_fmnist
+def test_fedavg_last_local_scores_the_clients_last_upload():
+    """PM = the model the client trained and uploaded in its last round (cstate['params'], before averaging);
+    never selected: the GM (None). GM = server params, FedAvg's n_k-weighted mean of the last round's uploads."""
+    ctx = _ctx(algorithm="fedavg_last_local", rounds=2)
+    algo = ALGORITHMS["fedavg_last_local"](ctx)
+    sent = _record_uploads(algo)
+    res = run_rounds(ctx, algo, progress=False)
+    g = res.server["params"]
+    picks, trained = _two_rounds(ctx)
+    assert _who(ctx, res) == (trained, [0])
+    assert {k: len(s) for k, s in sent.items()} == {1: 2, 2: 1, 3: 1}
+    assert _close(g, weighted_average([sent[k][-1] for k in picks[1]], _weights(ctx, picks[1])), g)
+    gm = _gm(algo, res.server)
+    assert set(gm) == set(g) and _same(gm, g, g)
+    for k in trained:
+        c = res.clients[k]
+        pm = _pm(algo, k, res.server, c)
+        assert set(pm) == set(g) and _same(pm, c["params"], g)
+        assert _same(pm, sent[k][-1], g)                   # its last upload
+        assert not _same(pm, g, g)                         # not the averaged server model
+        if len(sent[k]) == 2:
+            assert not _same(pm, sent[k][0], g)            # the last round's, not the first
+    assert algo.personal_model(0, res.server, res.clients.get(0)) is None
+
+
+# ---------------------------------------------------------------- L2GD
+@needs_fmnist
+def test_l2gd_scores_x_k_not_the_mix():
+    """PM = x_k = cstate['params'], the client's own model as trained (and uploaded) in its last round, not mixed
+    with x_bar; never selected: (1 - theta) initial + theta x_bar (x_bar after this round's aggregation).
+    GM = server x_bar, the n_k-weighted mean of the last round's uploads."""
+    theta = 0.5
+    ctx = _ctx(algorithm="l2gd", rounds=2)
+    algo = ALGORITHMS["l2gd"](ctx, theta=theta)
+    sent = _record_uploads(algo)
+    res = run_rounds(ctx, algo, progress=False)
+    g = res.server["params"]
+    picks, trained = _two_rounds(ctx)
+    assert _who(ctx, res) == (trained, [0])
+    assert _close(g, weighted_average([sent[k][-1] for k in picks[1]], _weights(ctx, picks[1])), g)
+    gm = _gm(algo, res.server)
+    assert set(gm) == set(g) and _same(gm, g, g)
+    for k in trained:
+        c = res.clients[k]
+        pm = _pm(algo, k, res.server, c)
+        assert set(pm) == set(g) and _same(pm, c["params"], g)
+        assert _same(pm, sent[k][-1], g)                   # x_k as uploaded in its last round
+        mix = algo.mixed(k, res.server, c)
+        assert not _close(pm, mix, g)                      # not the mix with the current x_bar
+        assert not _same(pm, g, g)                         # nor x_bar
+        if len(sent[k]) == 2:
+            assert not _same(pm, sent[k][0], g)
+    pm0 = _pm(algo, 0, res.server, res.clients.get(0))
+    init = ctx.initial(0)
+    assert _close(pm0, {n: (1 - theta) * init[n] + theta * g[n] for n in g}, g)
+    assert not _close(pm0, init, g) and not _close(pm0, g, g)   # the mix, neither of its ends
+
+
+# ---------------------------------------------------------------- FedFomo
+@needs_fmnist
+def test_fedfomo_scores_the_server_tables_copy_of_the_clients_last_upload():
+    """PM = server['models'][k], the table's copy of client k's last upload (FOMO-updated, then trained); FedFomo
+    keeps no client state (cstate always None). Never uploaded: the common init `init_state`. No GM: the plain
+    average of every stored model (also those of clients not selected in the last round)."""
+    ctx = _ctx(algorithm="fedfomo", rounds=2)
+    algo = ALGORITHMS["fedfomo"](ctx)
+    sent = _record_uploads(algo)
+    res = run_rounds(ctx, algo, progress=False)
+    table = res.server["models"]
+    init = ctx.init_state
+    picks, uploaded = _two_rounds(ctx)
+    assert _who(ctx, res) == ([], [0, 1, 2, 3])            # no client state: evaluate passes None
+    assert sorted(int(j) for j in table) == uploaded
+    assert {k: len(s) for k, s in sent.items()} == {1: 2, 2: 1, 3: 1}
+    assert algo.global_model(res.server) is None
+    for k in range(ctx.cfg.n_clients):
+        pm = _pm(algo, k, res.server, None)
+        assert set(pm) == set(init)
+        if k not in sent:
+            assert str(k) not in table and _same(pm, init, init)
+            continue
+        assert _same(pm, table[str(k)], init) and _same(pm, sent[k][-1], init)   # its last upload
+        assert _moved(pm, init, init)                      # not the common init
+        if len(sent[k]) == 2:
+            assert not _same(pm, sent[k][0], init)         # the last round's upload, not the first
+    assert not _same(_pm(algo, 1, res.server, None), _pm(algo, 2, res.server, None), init)
+    avg = _averaged_pm(algo, res)
+    assert _close(avg, plain_average([table[str(k)] for k in uploaded]), init)
+    assert not _close(avg, plain_average([sent[k][-1] for k in picks[1]]), init)   # all stored, not this round's
