@@ -129,6 +129,30 @@ def _check_own_models(ctx, algo, res, trained_differs):
     return pms, avg
 
 
+def _check_split_scoring(ctx, algo, res, sent, shared, own, key, moving):
+    """Methods whose PM is the server's `shared` part + the client's own part (cstate[key], names `own`) and that
+    keep no GM: a selected client is scored on the average (not its own upload) and on its own trained part (the
+    `moving` names differ from the server's copy); a client never selected on its initial own part; the generic
+    column is the shared part + the mean of the trained clients' own parts."""
+    g = res.server["params"]
+    trained = [k for k in range(ctx.cfg.n_clients) if res.clients.get(k)]
+    for k in range(ctx.cfg.n_clients):
+        c = res.clients.get(k)
+        pm = _pm(algo, k, res.server, c)
+        assert set(pm) == set(g)
+        assert _same(pm, g, shared)                        # the server's shared part, after this round's average
+        if not c:
+            assert _same(pm, ctx.initial(k), own)          # never selected: the initial own part
+            continue
+        assert set(c[key]) == set(own) and _same(pm, c[key], own)
+        assert _moved(pm, g, moving)                       # its own trained part, not the server's (initial) copy
+        assert not _same(pm, sent[k][-1], shared)          # the average, not its own upload
+    assert algo.global_model(res.server) is None
+    avg = _averaged_pm(algo, res)
+    assert _close(avg, g, shared)
+    assert _close(avg, plain_average([res.clients[k][key] for k in trained]), own)
+
+
 # ---------------------------------------------------------------- FedPer, LG-FedAvg, FedRep
 @needs_fmnist
 @pytest.mark.parametrize("name, hparams", [("fedper", {}), ("lg_fedavg", {}),
@@ -150,21 +174,7 @@ def test_partial_sharing_scores_the_global_shared_part_with_the_clients_own_part
     assert all(set(sent[k][-1]) == set(shared) for k in trained)
     assert _close(g, weighted_average([sent[k][-1] for k in trained], _weights(ctx, trained)), shared)
     assert _same(g, ctx.init_state, own)                   # the personal part never reaches the server
-    for k in range(ctx.cfg.n_clients):
-        c = res.clients.get(k)
-        pm = _pm(algo, k, res.server, c)
-        assert set(pm) == set(g)
-        assert _same(pm, g, shared)                        # the server's shared part, after this round's average
-        if not c:
-            assert _same(pm, ctx.initial(k), own)          # never selected: the initial personal part
-            continue
-        assert set(c["personal"]) == set(own) and _same(pm, c["personal"], own)
-        assert _moved(pm, g, own)                          # its own trained part, not the server's (initial) copy
-        assert not _same(pm, sent[k][-1], shared)          # the average, not its own upload
-    assert algo.global_model(res.server) is None
-    avg = _averaged_pm(algo, res)
-    assert _close(avg, g, shared)
-    assert _close(avg, plain_average([res.clients[k]["personal"] for k in trained]), own)
+    _check_split_scoring(ctx, algo, res, sent, shared, own, "personal", own)
 
 
 # ---------------------------------------------------------------- FedRoD
@@ -219,21 +229,7 @@ def test_fedbn_scores_the_server_non_bn_part_with_the_clients_own_bn():
     assert _same(g, ctx.init_state, bn)                    # BN never reaches the server
     assert _close(g, weighted_average([sent[k][-1] for k in trained], _weights(ctx, trained)), rest)
     trained_bn = [n for n in bn if n.endswith(("weight", "running_mean"))]
-    for k in range(ctx.cfg.n_clients):
-        c = res.clients.get(k)
-        pm = _pm(algo, k, res.server, c)
-        assert set(pm) == set(g)
-        assert _same(pm, g, rest)                          # the server's non-BN part
-        if not c:
-            assert _same(pm, ctx.initial(k), bn)
-            continue
-        assert set(c["bn"]) == set(bn) and _same(pm, c["bn"], bn)
-        assert _moved(pm, g, trained_bn)                   # its own trained BN, not the server's (initial) BN
-        assert not _same(pm, sent[k][-1], rest)            # the average, not its own upload
-    assert algo.global_model(res.server) is None
-    avg = _averaged_pm(algo, res)
-    assert _close(avg, g, rest)
-    assert _close(avg, plain_average([res.clients[k]["bn"] for k in trained]), bn)
+    _check_split_scoring(ctx, algo, res, sent, rest, bn, "bn", trained_bn)
 
 
 # ---------------------------------------------------------------- APFL
