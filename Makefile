@@ -3,7 +3,7 @@ VENV ?= .venv
 export DVC_NO_ANALYTICS = 1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup repro test bench
+.PHONY: setup repro test test-full bench
 setup:
 	bash scripts/setup.sh
 
@@ -11,9 +11,15 @@ setup:
 repro: setup
 	dvc repro
 
-# 2. the test suite (what CI runs)
+# 2. the test suite (what CI runs): two pytest-xdist workers, one per core of our 2-core CI machines; a test file's
+# tests stay in one worker (module fixtures are built once); each worker's torch uses one thread (tests/conftest.py)
 test: setup
-	python -m pytest -q
+	python -m pytest -q -n 2 --dist loadgroup -m "not full"
+
+# 2b. everything `make test` runs, and the exhaustive cases marked `full` (every notebook renders on smoke; one
+# round of every deep paper architecture on its stand-in): before a change to notebooks, params or models lands
+test-full: setup
+	python -m pytest -q -n 2 --dist loadgroup
 
 bench: setup
 	python benchmarks/bench_fedavg.py

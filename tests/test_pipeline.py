@@ -120,8 +120,11 @@ def _start_cases():
         for ident, cfg in _distinct_items(key):
             if i == 0 and cfg.model in _SMALLER and not cfg.models:
                 cfg, ident = cfg.replace(model=_SMALLER[cfg.model]), f"{ident}:{_SMALLER[cfg.model]}"
-            out.setdefault(_code_path(cfg) + (cfg.dataset, cfg.new_clients > 0), (ident, cfg))
-    return [pytest.param(cfg, id=ident) for ident, cfg in out.values()]
+            out.setdefault(_code_path(cfg) + (cfg.dataset, cfg.new_clients > 0), (ident, cfg, i))
+    # every algorithm path starts in `make test`; a round of each deep architecture (ResNet-18/34/50, MobileNetV2,
+    # VGG: minutes on a slow 2-core machine) only in `make test-full`; their forward pass on the stand-in's shapes
+    # is checked in `make test` by test_paper_models_run_on_standin_shapes
+    return [pytest.param(cfg, id=ident, marks=[pytest.mark.full] if i else []) for ident, cfg, i in out.values()]
 
 
 def _classes(cfg) -> int:
