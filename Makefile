@@ -11,8 +11,8 @@ setup:
 repro: setup
 	dvc repro
 
-# 2. the test suite (what CI runs): two pytest-xdist workers, one per core of our 2-core CI machines; a test file's
-# tests stay in one worker (module fixtures are built once); each worker's torch uses one thread (tests/conftest.py)
+# 2. the test suite (what CI runs): two pytest-xdist workers, one per core of our 2-core CI machines; tests are dealt
+# one by one, except those marked with an xdist_group (one worker each); each worker's torch uses one thread (tests/conftest.py)
 test: setup
 	python -m pytest -q -n 2 --dist loadgroup -m "not full"
 

@@ -12,6 +12,11 @@ import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# `make test` deals tests over two workers; tests that start or stop a Ray cluster run in one, one after another:
+# two clusters at once would contend for a 2-core machine's CPUs, `ray stop --force` ends every cluster on the
+# machine, and `ray:auto` finds whichever head it sees first
+RAY_ALONE = pytest.mark.xdist_group("ray")
+
 FMNIST_AVAILABLE = os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 
 

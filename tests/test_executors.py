@@ -17,11 +17,9 @@ from pflrepro import executors, experiments
 from pflrepro.config import ConfigError, RunConfig
 from pflrepro.runs import read_metrics, run_dir
 
-from .conftest import FMNIST_AVAILABLE, small_cfg
+from .conftest import FMNIST_AVAILABLE, RAY_ALONE, small_cfg
 
-# `make test` spreads tests over two workers; these stay in one: one Ray cluster per module (two at once would
-# contend for a 2-core machine's CPUs), and the two-driver tests share the machine's cores by design
-pytestmark = pytest.mark.xdist_group("ray")
+pytestmark = RAY_ALONE
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
 ROOT = Path(__file__).resolve().parents[1]
 

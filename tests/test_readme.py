@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pflrepro.runs import REPO_ROOT
-from tests.conftest import FMNIST_AVAILABLE
+from tests.conftest import FMNIST_AVAILABLE, RAY_ALONE
 
 README = (REPO_ROOT / "README.md").read_text()
 
@@ -116,8 +116,7 @@ def test_readme_install_extras_exist():
 
 
 @pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
-@pytest.mark.xdist_group("ray")   # with tests/test_executors.py's cluster, never beside it: its `ray stop --force`
-# would end that cluster, and `ray:auto` could find that head
+@RAY_ALONE
 def test_readme_cluster_commands_run(tmp_path):
     """The cluster section as written, on this machine: `ray start --head` (a free port, no dashboard), the train
     command through it at the smoke profile instead of paper, `ray stop`. The worker-node line is checked against
