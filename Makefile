@@ -2,6 +2,9 @@
 VENV ?= .venv
 export DVC_NO_ANALYTICS = 1
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# our machines (CI's too) set PYTHONDONTWRITEBYTECODE=1: without a .pyc, every process that imports pflrepro (test
+# workers, jobs workers, kernels, CLI subprocesses) compiles it again; here Python writes them (scripts/setup.sh)
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup repro test test-full bench
 setup:

@@ -61,6 +61,7 @@ ENGINES_MAY_BE_ZERO = {"peak_mem_mb", "other_cpu"}  # an engine can stay within 
 
 
 @pytest.mark.slow
+@pytest.mark.full   # 925 s on a slow CI-like machine (2026-11-27); batched = per_client is tests/test_batched.py's
 def test_bench_engines_quick(tmp_path):
     proc = subprocess.run([sys.executable, str(ENGINES_SCRIPT), "--quick", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=1800)
@@ -120,6 +121,7 @@ JOBS_COLUMNS = ["notebook", "profile", "mode", "jobs", "threads_per_run", "runs"
 
 
 @pytest.mark.slow
+@pytest.mark.full   # 478 s there; side-by-side runs giving the same bits is tests/test_parallel.py's
 def test_bench_jobs_quick(tmp_path):
     from pflrepro import parallel
     if parallel.resolve_jobs("auto", []) < 2:

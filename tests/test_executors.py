@@ -20,6 +20,10 @@ from pflrepro.runs import read_metrics, run_dir
 from .conftest import FMNIST_AVAILABLE, RAY_ALONE, small_cfg
 
 pytestmark = RAY_ALONE
+# The three tests on a real two-node cluster are `full` (`make test-full`), not CI's `make test`: Ray gives a node a
+# fixed 30 s to register (see `cluster`), which CI's machines missed in stops 37 and 38 (2026-11-27) when Python ran
+# 10-20x slower than usual; the claims, executor strings and two-driver tests below need no cluster and stay in CI.
+ON_CLUSTER = pytest.mark.full
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,6 +67,7 @@ def local_reference(tmp_path_factory):
     return experiments.run_grid(_grid(), root=store, progress=False, jobs=2)
 
 
+@ON_CLUSTER
 @needs_fmnist
 def test_a_grid_on_ray_gives_the_local_executors_bits(cluster, local_reference, tmp_path):
     grid = _grid()
@@ -74,6 +79,7 @@ def test_a_grid_on_ray_gives_the_local_executors_bits(cluster, local_reference, 
     _assert_clean_store(tmp_path, grid)
 
 
+@ON_CLUSTER
 @needs_fmnist
 def test_a_node_killed_mid_grid_resumes_its_runs_elsewhere_to_the_same_bits(cluster, local_reference, tmp_path):
     grid = _grid()
@@ -98,6 +104,7 @@ def test_a_node_killed_mid_grid_resumes_its_runs_elsewhere_to_the_same_bits(clus
     _assert_clean_store(tmp_path, grid)
 
 
+@ON_CLUSTER
 def test_a_run_no_node_can_hold_fails_up_front(cluster, tmp_path):
     grid = _grid()
     for spec, what in (("ray:,gpus=0.5", "1 CPU and 0.5 GPU"), ("ray:,cpus=3", "3 CPU and 0 GPU")):
@@ -127,6 +134,7 @@ experiments.run_grid(grid, root={store!r}, progress=False, jobs=1)
 """
 
 
+@pytest.mark.full   # more Python processes that train (each took ~140 s to start on a slow machine, 2026-11-27)
 @needs_fmnist
 def test_two_drivers_on_one_store_train_each_run_once(tmp_path):
     log, store = tmp_path / "trained.log", tmp_path / "store"
