@@ -29,12 +29,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # TORCH_INDEX=https://download.pytorch.org/whl/cpu: the CPU-only build, for machines without a GPU (PyPI's
   # wheel carries 3.2 GB of CUDA libraries: a 6.2 GB .venv). That index is not reachable from our CI machines.
-  # pip byte-compiles every module at install (its default), on purpose: these machines set PYTHONDONTWRITEBYTECODE=1,
-  # so a module without a .pyc is compiled again in every process that imports it, and the suite starts dozens
-  # (xdist workers, jobs workers, CLI and kernel subprocesses). Measured on a slow CI-like machine (2026-11-27):
-  # `import torch` took 45 s of CPU without .pyc files and 21 s with them; compiling at install costs about 53 s once.
+  # .pyc files: these machines set PYTHONDONTWRITEBYTECODE=1, so a module without one is compiled again in every
+  # process that imports it, and the suite starts dozens (xdist workers, jobs workers, CLI and kernel subprocesses).
+  # Measured on a slow CI-like machine (2026-11-27): `import torch` took 45 s of CPU without .pyc files and 21 s with
+  # them. torch (imported by every process) is byte-compiled at install; the rest (ray, dvc, jupyter: mostly never
+  # imported) is not, and the Makefile unexports PYTHONDONTWRITEBYTECODE so that the first import writes each .pyc.
   "$VENV/bin/python" -m pip install -q torch==2.14.1 torchvision==0.29.1 ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
-  "$VENV/bin/python" -m pip install -q -e '.[dev,cluster]'
+  "$VENV/bin/python" -m pip install -q --no-compile -e '.[dev,cluster]'
   "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
   # jsonschema's optional IRI format checker (pulled in by jupyter-events) builds its grammar at import: 2.9 s
   # added to every papermill call (nbformat imports jsonschema), about 2 minutes of a default repro. Nothing here

@@ -121,10 +121,18 @@ def _start_cases():
             if i == 0 and cfg.model in _SMALLER and not cfg.models:
                 cfg, ident = cfg.replace(model=_SMALLER[cfg.model]), f"{ident}:{_SMALLER[cfg.model]}"
             out.setdefault(_code_path(cfg) + (cfg.dataset, cfg.new_clients > 0), (ident, cfg, i))
-    # every algorithm path starts in `make test`; a round of each deep architecture (ResNet-18/34/50, MobileNetV2,
-    # VGG: minutes on a slow 2-core machine) only in `make test-full`; their forward pass on the stand-in's shapes
-    # is checked in `make test` by test_paper_models_run_on_standin_shapes
-    return [pytest.param(cfg, id=ident, marks=[pytest.mark.full] if i else []) for ident, cfg, i in out.values()]
+    # every algorithm entry starts in `make test`, on the first paper config that runs it; its switch and timing
+    # variants (SCD's E_p, wait-free, ablations and asynchronous servers, pFedSD's regularisers, ...) and a round of
+    # each deep architecture (ResNet-18/34/50, MobileNetV2, VGG: minutes on a slow 2-core machine) only in
+    # `make test-full`; every (dataset, architecture) pair's forward pass is checked in `make test` by
+    # test_paper_models_run_on_standin_shapes
+    seen: set = set()
+    cases = []
+    for ident, cfg, i in out.values():
+        full = i > 0 or cfg.algorithm in seen
+        seen.add(cfg.algorithm)
+        cases.append(pytest.param(cfg, id=ident, marks=[pytest.mark.full] if full else []))
+    return cases
 
 
 def _classes(cfg) -> int:
