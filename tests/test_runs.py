@@ -54,6 +54,8 @@ def test_same_config_same_metrics_and_store_reuse(tmp_path):
     assert read_metrics(other.path) != read_metrics(a.path)
 
 
+@pytest.mark.full   # three CLI processes (80-140 s each to start on a slow machine, 2026-11-27); a resumed run equal
+# to a straight one stays in `make test` in-process (FedRoD, SCAFFOLD) and killed for real (FedBuff, test_schedule.py)
 def test_resume_after_sigkill_gives_identicalread_metrics(tmp_path):
     args = ["algorithm=fedprox", "hparams.mu=0.01", "subsample=0.03", "n_clients=10", "participation=0.5",
             "model=cnn_fmnist", "rounds=3", "checkpoint_every=1", "batch_size=32", "lr=0.05", "momentum=0.9"]
