@@ -16,6 +16,9 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 # two clusters at once would contend for a 2-core machine's CPUs, `ray stop --force` ends every cluster on the
 # machine, and `ray:auto` finds whichever head it sees first
 RAY_ALONE = pytest.mark.xdist_group("ray")
+# tests that start several Python processes that train run only in `make test-full`: each such process took about
+# 140 s to start on a slow CI-like machine (2026-11-27: import torch, then torch._dynamo at the first optimizer step)
+MANY_PROCESSES = pytest.mark.full
 
 FMNIST_AVAILABLE = os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 

@@ -17,7 +17,7 @@ from pflrepro import executors, experiments
 from pflrepro.config import ConfigError, RunConfig
 from pflrepro.runs import read_metrics, run_dir
 
-from .conftest import FMNIST_AVAILABLE, RAY_ALONE, small_cfg
+from .conftest import FMNIST_AVAILABLE, MANY_PROCESSES, RAY_ALONE, small_cfg
 
 pytestmark = RAY_ALONE
 # The three tests on a real two-node cluster are `full` (`make test-full`), not CI's `make test`: Ray gives a node a
@@ -134,7 +134,7 @@ experiments.run_grid(grid, root={store!r}, progress=False, jobs=1)
 """
 
 
-@pytest.mark.full   # more Python processes that train (each took ~140 s to start on a slow machine, 2026-11-27)
+@MANY_PROCESSES
 @needs_fmnist
 def test_two_drivers_on_one_store_train_each_run_once(tmp_path):
     log, store = tmp_path / "trained.log", tmp_path / "store"

@@ -15,7 +15,7 @@ from pflrepro import experiments, parallel
 from pflrepro.config import ConfigError, RunConfig
 from pflrepro.runs import read_metrics, run, run_dir
 
-from .conftest import FMNIST_AVAILABLE, small_cfg
+from .conftest import FMNIST_AVAILABLE, MANY_PROCESSES, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
 
@@ -51,7 +51,7 @@ def test_two_jobs_give_the_same_bits_as_one_after_another_at_the_same_threads(tm
     assert read_metrics(par[("fedavg", "s", 0)].path) != read_metrics(par[("fedavg", "s", 1)].path)  # seeds matter
 
 
-@pytest.mark.full   # more Python processes that train (each took ~140 s to start on a slow machine, 2026-11-27)
+@MANY_PROCESSES
 @needs_fmnist
 def test_a_worker_killed_mid_run_fails_the_grid_and_the_rerun_resumes_to_the_same_bits(tmp_path, monkeypatch):
     cfg = RunConfig.from_dict(small_cfg(rounds=3, subsample=0.02, checkpoint_every=1))
@@ -183,7 +183,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-@pytest.mark.full   # more Python processes that train (each took ~140 s to start on a slow machine, 2026-11-27)
+@MANY_PROCESSES
 @needs_fmnist
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_ctrl_c_stops_a_grid_and_its_workers_promptly_keeping_checkpoints(tmp_path):

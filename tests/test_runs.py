@@ -11,7 +11,7 @@ from pflrepro.config import ConfigError, RunConfig
 from pflrepro.partition import PARTITIONERS
 from pflrepro.runs import (REPO_ROOT, build_partition, code_fingerprint, read_metrics, result_key, run, run_dir,
                            summarise)
-from tests.conftest import FMNIST_AVAILABLE, small_cfg
+from tests.conftest import FMNIST_AVAILABLE, MANY_PROCESSES, small_cfg
 
 pytestmark = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
 
@@ -54,8 +54,8 @@ def test_same_config_same_metrics_and_store_reuse(tmp_path):
     assert read_metrics(other.path) != read_metrics(a.path)
 
 
-@pytest.mark.full   # three CLI processes (80-140 s each to start on a slow machine, 2026-11-27); a resumed run equal
-# to a straight one stays in `make test` in-process (FedRoD, SCAFFOLD) and killed for real (FedBuff, test_schedule.py)
+@MANY_PROCESSES   # a resumed run equal to a straight one stays in `make test`: in-process (FedRoD, SCAFFOLD) and
+# killed for real (FedBuff, test_schedule.py)
 def test_resume_after_sigkill_gives_identicalread_metrics(tmp_path):
     args = ["algorithm=fedprox", "hparams.mu=0.01", "subsample=0.03", "n_clients=10", "participation=0.5",
             "model=cnn_fmnist", "rounds=3", "checkpoint_every=1", "batch_size=32", "lr=0.05", "momentum=0.9"]
