@@ -20,6 +20,21 @@ RAY_ALONE = pytest.mark.xdist_group("ray")
 # 140 s to start on a slow CI-like machine (2026-11-27: import torch, then torch._dynamo at the first optimizer step)
 MANY_PROCESSES = pytest.mark.full
 
+
+
+@pytest.fixture(autouse=True)
+def _one_core_per_xdist_worker(monkeypatch):
+    """`make test` gives each of its two xdist workers one core (and one torch thread, above). A grid a test trains
+    with jobs left to "auto" (a notebook, the CLI in-process, tune) then trains in the test's own process instead of
+    also starting a worker process for the machine's second core: that worker took about 140 s to start on a slow
+    CI-like machine (import torch, then torch._dynamo), in every such test, while the other xdist worker held that
+    core. The bits stay: "auto" gave 2 jobs of cores // 2 = 1 thread, and now gives 1 job of 1 thread. Tests that
+    ask for jobs=2 still start workers (tests/test_parallel.py)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        from pflrepro import parallel
+        monkeypatch.setattr(parallel, "cpu_cores", lambda: 1)
+
+
 FMNIST_AVAILABLE = os.path.exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 
 

@@ -9,6 +9,7 @@ in tests/test_pipeline.py.
 from __future__ import annotations
 
 import json
+import os
 
 import matplotlib
 import pandas as pd
@@ -18,16 +19,13 @@ from pflrepro.runs import REPO_ROOT
 
 from .conftest import FMNIST_AVAILABLE
 
-# `make test` spreads tests over two workers; these stay in one: the notebooks share one run store (`shared_store`),
-# Tables 4, 5 render Table 2's runs
-pytestmark = pytest.mark.xdist_group("notebooks")
-
 matplotlib.use("Agg")
 
 NOTEBOOKS = sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("*.ipynb") if p.stem != "example")
 # `make test` renders one table of each paper (and pFedSD Tables 4, 5, which render Table 2's runs); `make test-full`
 # renders every notebook. A notebook's smoke grid trains: on a slow 2-core machine (2026-11-27) a render took 1-7
-# minutes, and 13 of them in one worker (they share one store) were the longest chain of a CI run.
+# minutes (the 7 below: 33 minutes of the two workers' time, before they shared one store and stopped starting a
+# worker process each: tests/conftest.py).
 IN_CI = {"pfedsd_table2", "pfedsd_table4", "pfedsd_table5", "fedbsd_table1", "scd_table1", "perfed_ckt_table1",
          "dcpfl_table1"}
 
@@ -54,11 +52,15 @@ def test_papermill_reads_every_parameter(name, capsys):
     assert {p.name for p in params} >= {"profile", "overrides", "out_dir", "progress", "jobs", "executor"}, params
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def shared_store(tmp_path_factory):
-    """One run store for all notebooks (as `dvc repro` shares results/runs): Tables 4, 5 and Figs. 6, 7
-    render Table 2's runs without training them again."""
-    return tmp_path_factory.mktemp("runs")
+    """One run store for all notebooks, whichever xdist worker renders them (as `dvc repro` shares results/runs):
+    Tables 4, 5 and Figs. 6, 7 render Table 2's runs without training them again. A run another worker is training
+    is claimed in the store, so this one waits for it (pflrepro.executors.Claims) instead of training it twice."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base   # pytest-N/, above each popen-gwN/
+    (shared / "notebook-runs").mkdir(exist_ok=True)
+    return shared / "notebook-runs"
 
 
 @pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
