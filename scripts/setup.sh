@@ -26,10 +26,10 @@ stamp="$VENV/.pflrepro-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "[setup] building $VENV (torch 2.14.1, torchvision 0.29.1, the package and its tools)"
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  # uv installs what pip would, from the same registry, in a fifth of the time: a fresh setup measured on our 2-core
+  # uv installs what pip would, from the same registry, in a third of the time: a fresh clone's setup on our 2-core
   # machine (2026-11-27) took 23 minutes with pip (9 for torch's 3.2 GB of CUDA wheels, 12 to resolve and install the
-  # rest) and 5 with uv (4 and 1), out of CI's 90. Where uv cannot be had, pip does the same installs.
+  # rest) and 7.5 with uv (2 for the venv and uv itself, 4 for torch, 1 for the rest), out of CI's 90. Where uv
+  # cannot be had, pip does the same installs.
   # TORCH_INDEX=https://download.pytorch.org/whl/cpu: the CPU-only build, for machines without a GPU (PyPI's
   # wheel carries 3.2 GB of CUDA libraries: a 6.2 GB .venv). That index is not reachable from our CI machines.
   # .pyc files: these machines set PYTHONDONTWRITEBYTECODE=1, so a module without one is compiled again in every
@@ -41,6 +41,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     install() { "$VENV/bin/python" -m uv pip install -q --python "$VENV/bin/python" "$@"; }
     torch_opts=--compile-bytecode rest_opts=        # uv compiles nothing unless asked
   else
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
     install() { "$VENV/bin/python" -m pip install -q "$@"; }
     torch_opts= rest_opts=--no-compile               # pip compiles everything unless told not to
   fi

@@ -16,6 +16,7 @@ TEXT = {"workload", "model"}
 
 
 @pytest.mark.slow
+@pytest.mark.full   # a Python process of its own: 75 s on a slow CI-like machine (2026-11-27); `make bench` runs it too
 def test_bench_fedavg_quick(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=1800)

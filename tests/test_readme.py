@@ -52,8 +52,8 @@ def test_every_readme_command_is_checked():
     make = re.search(r"^test:.*?\n((?:\t.*\n)+)", (REPO_ROOT / "Makefile").read_text(), re.M | re.S)
     assert make and "pytest" in make.group(1)     # `make test` is the suite; .ci/run calls exactly it
     assert (REPO_ROOT / ".ci" / "run").read_text().rstrip().endswith("make test")
-    # the papermill sweep is run, two points at once, by tests/test_pipeline.py::test_example_notebook_and_two_
-    # point_sweep with these very arguments
+    # the papermill sweep's points are run by tests/test_pipeline.py::test_example_notebook_sweep_point with these
+    # very arguments
     sweep = " ".join(c for c in cmds if _kind(c) == "sweep")
     for part in ("mkdir -p results/sweeps/lr$lr", "-p profile smoke", "-p out_dir results/sweeps/lr$lr",
                  '-y "{overrides: {base: {lr: $lr}}}"'):
