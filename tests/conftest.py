@@ -21,7 +21,6 @@ RAY_ALONE = pytest.mark.xdist_group("ray")
 MANY_PROCESSES = pytest.mark.full
 
 
-
 @pytest.fixture(autouse=True)
 def _one_core_per_xdist_worker(monkeypatch):
     """`make test` gives each of its two xdist workers one core (and one torch thread, above). A grid a test trains

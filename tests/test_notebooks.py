@@ -58,9 +58,10 @@ def shared_store(tmp_path_factory):
     Tables 4, 5 and Figs. 6, 7 render Table 2's runs without training them again. A run another worker is training
     is claimed in the store, so this one waits for it (pflrepro.executors.Claims) instead of training it twice."""
     base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base   # pytest-N/, above each popen-gwN/
-    (shared / "notebook-runs").mkdir(exist_ok=True)
-    return shared / "notebook-runs"
+    # under xdist each worker's basetemp is pytest-N/popen-gwN/: the store goes in pytest-N/, which both share
+    store = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "notebook-runs"
+    store.mkdir(exist_ok=True)
+    return store
 
 
 @pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
