@@ -71,6 +71,8 @@ def test_pfedsd_stored_teacher_gives_the_recomputed_loss_in_eval_mode():
 
 
 @needs_fmnist
+@pytest.mark.full   # pFedSD learns in `make test` (test_pfl_methods_learn_on_pathological_fmnist); the stored
+# teacher's loss equals the recomputed one there too (test_pfedsd_stored_teacher_gives_the_recomputed_loss_in_eval_mode)
 def test_pfedsd_stored_teacher_learns(store):
     res = run(small_cfg(algorithm="pfedsd", hparams={"teacher": "stored"}, partition="shards",
                         partition_params={"s": 2}, subsample=0.1, rounds=3), progress=False)
@@ -146,7 +148,11 @@ def test_table9_regularisers_change_the_update(reg):
 
 
 @needs_fmnist
-@pytest.mark.parametrize("reg, lam", [("mse", 0.01), ("mse_prob", 0.5), ("l2", 0.1), ("ewc", 0.1)])
+# `make test` trains one regulariser (3-4 s each on a fast machine); test_table9_regularisers_change_the_update
+# checks each one's update in `make test` too
+@pytest.mark.parametrize("reg, lam", [pytest.param("mse", 0.01, marks=pytest.mark.full),
+                                      pytest.param("mse_prob", 0.5, marks=pytest.mark.full), ("l2", 0.1),
+                                      pytest.param("ewc", 0.1, marks=pytest.mark.full)])
 def test_table9_variants_learn(store, reg, lam):
     """MSE on raw logits is ~10x the KL term's scale here (teacher logits std ~5): smaller lambda."""
     res = run(small_cfg(algorithm="pfedsd", hparams={"reg": reg, "lam": lam}, partition="shards",

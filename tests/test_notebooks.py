@@ -22,12 +22,11 @@ from .conftest import FMNIST_AVAILABLE
 matplotlib.use("Agg")
 
 NOTEBOOKS = sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("*.ipynb") if p.stem != "example")
-# `make test` renders one table of each paper (and pFedSD Tables 4, 5, which render Table 2's runs); `make test-full`
-# renders every notebook. A notebook's smoke grid trains: on a slow 2-core machine (2026-11-27) a render took 1-7
-# minutes (the 7 below: 33 minutes of the two workers' time, before they shared one store and stopped starting a
-# worker process each: tests/conftest.py).
-IN_CI = {"pfedsd_table2", "pfedsd_table4", "pfedsd_table5", "fedbsd_table1", "scd_table1", "perfed_ckt_table1",
-         "dcpfl_table1"}
+# `make test` renders two papers' tables (pFedSD Table 2, SCD Table 1); `make test-full` renders every notebook, and
+# so does `dvc repro`. A notebook's smoke grid trains: on a fast 2-core machine (2026-11-27) FedBSD Table 1 took 11 s,
+# DC-PFL Table 1 16 s, PerFed-CKT Table 1 5 s, and pFedSD Tables 4, 5 (Table 2's runs) kept the other xdist worker
+# waiting 8 s; CI's machines ran the suite about 20 times slower than that (docs/performance.md, the fourth cut).
+IN_CI = {"pfedsd_table2", "scd_table1"}
 
 
 def _code_cells(name: str) -> list[str]:
@@ -38,7 +37,7 @@ def _code_cells(name: str) -> list[str]:
 def test_every_paper_notebook_is_listed():
     assert {n.split("_")[0] for n in NOTEBOOKS} == {"pfedsd", "dcpfl", "scd", "fedbsd", "perfed"}
     assert len(NOTEBOOKS) >= 20, NOTEBOOKS
-    assert IN_CI <= set(NOTEBOOKS) and {n.split("_")[0] for n in IN_CI} == {n.split("_")[0] for n in NOTEBOOKS}
+    assert IN_CI <= set(NOTEBOOKS)
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS + ["example"])

@@ -32,7 +32,10 @@ def _grid() -> dict:
     return out
 
 
+# two worker processes (12 s on a fast machine, 179 s on a slow CI-like one, 2026-11-27): `make test-full`; `make test`
+# starts a worker in the error and crash tests below
 @needs_fmnist
+@pytest.mark.full
 def test_two_jobs_give_the_same_bits_as_one_after_another_at_the_same_threads(tmp_path):
     grid = _grid()
     par = experiments.run_grid(grid, root=tmp_path / "par", progress=False, jobs=2)

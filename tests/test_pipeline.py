@@ -46,7 +46,15 @@ def _distinct_items(key):
 
 
 def _distinct(key):
-    return [pytest.param(cfg, id=ident) for ident, cfg in _distinct_items(key)]
+    """One case per distinct key; `make test` keeps each paper's first (the rest are `full`): every case builds
+    a stand-in at its full size, 1-2 s each on a fast machine (2026-11-27), 68 cases in all."""
+    seen: set = set()
+    cases = []
+    for ident, cfg in _distinct_items(key):
+        paper = ident.split(":")[0].split("_")[0]
+        cases.append(pytest.param(cfg, id=ident, marks=[pytest.mark.full] if paper in seen else []))
+        seen.add(paper)
+    return cases
 
 
 def _code_path(cfg):
@@ -80,6 +88,7 @@ def test_paper_config_counts():
         assert {key(c) for _, c in configs} <= {key(c) for c in started}  # every architecture starts
     paths = {_START_KEYS[0](c) for c in started}
     assert all(_START_KEYS[0](c) in paths for _, c in configs)          # and every algorithm path
+    assert _STARTED_IN_CI <= {c.id for c in cases}                      # `make test`'s cases still exist
 
 
 @pytest.mark.parametrize("cfg", _distinct(_partition))
@@ -121,21 +130,19 @@ def _start_cases():
             if i == 0 and cfg.model in _SMALLER and not cfg.models:
                 cfg, ident = cfg.replace(model=_SMALLER[cfg.model]), f"{ident}:{_SMALLER[cfg.model]}"
             out.setdefault(_code_path(cfg) + (cfg.dataset, cfg.new_clients > 0), (ident, cfg, i))
-    # `make test` starts one algorithm of each paper on that paper's first config (its data shapes, model and paper
-    # hyperparameters, one round: 25-100 s each on a slow 2-core CI-like machine, 2026-11-27, where the 36 cases of
-    # one per algorithm entry came to about half an hour of a worker's time). `make test-full` starts every case: every
-    # algorithm entry, its switch and timing variants (SCD's E_p, wait-free, ablations and asynchronous servers,
-    # pFedSD's regularisers, ...) and a round of each deep architecture (ResNet-18/34/50, MobileNetV2, VGG). In
-    # `make test` the algorithms train on Fashion-MNIST in their own tests (learning; a batched round equal to
-    # per-client training), and test_paper_models_run_on_standin_shapes checks every (dataset, architecture) pair
-    seen: set = set()
-    cases = []
-    for ident, cfg, i in out.values():
-        paper = ident.split(":")[0].split("_")[0]
-        full = i > 0 or paper in seen
-        seen.add(paper)
-        cases.append(pytest.param(cfg, id=ident, marks=[pytest.mark.full] if full else []))
-    return cases
+    # `make test` starts the cases in _STARTED_IN_CI (a paper's data shapes, model and paper hyperparameters, one
+    # round: 1-3 s each on a fast 2-core machine, 2026-11-27, where the other papers' first cases took 4-16 s and
+    # CI's machines ran the suite about 20 times slower). `make test-full` starts every case: every algorithm entry,
+    # its switch and timing variants (SCD's E_p, wait-free, ablations and asynchronous servers, pFedSD's
+    # regularisers, ...) and a round of each deep architecture (ResNet-18/34/50, MobileNetV2, VGG). In `make test`
+    # the algorithms train on Fashion-MNIST in their own tests (learning; a batched round equal to per-client
+    # training), and test_paper_models_run_on_standin_shapes checks each paper's first (dataset, architecture) pair
+    return [pytest.param(cfg, id=ident, marks=[] if ident in _STARTED_IN_CI else [pytest.mark.full])
+            for ident, cfg, _ in out.values()]
+
+
+_STARTED_IN_CI = {"pfedsd_common:pfedme:default", "scd_common:scd:default:resnet8", "dcpfl_common:local:default",
+                  "example:fedavg:20 clients"}
 
 
 def _classes(cfg) -> int:
@@ -205,10 +212,12 @@ def test_paper_config_starts_on_standin(cfg, tmp_path, cut_test_sets):
 
 
 # the README's papermill sweep, point by point on the smoke profile, each through papermill and its own kernel (two
-# processes: about 160 s on a slow CI-like machine, 2026-11-27): `make test` runs lr = 0.05, which is not the
-# profile's 0.01, so the override is seen reaching the runs; `make test-full` runs 0.01 as well
+# processes: 14 s a point on a fast machine, about 160 s on a slow CI-like one, 2026-11-27): in `make test-full`;
+# lr = 0.05 is not the profile's 0.01, so the override is seen reaching the runs. `make test` starts papermill's
+# kernel in test_notebooks.py::test_papermill_refuses_an_unknown_parameter_end_to_end
 @pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
-@pytest.mark.parametrize("lr", [pytest.param(0.01, marks=pytest.mark.full), 0.05])
+@pytest.mark.full
+@pytest.mark.parametrize("lr", [0.01, 0.05])
 def test_example_notebook_sweep_point(tmp_path, lr):
     nb = REPO_ROOT / "notebooks" / "example.ipynb"
     out = tmp_path / f"lr{lr}"

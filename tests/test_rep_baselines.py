@@ -272,7 +272,8 @@ def test_rep_baselines_learn_on_pathological_fmnist(store, algorithm, hparams, e
 
 
 @needs_fmnist
-@pytest.mark.parametrize("base, ft", [("fedprox", "fedprox_ft"), ("scaffold", "scaffold_ft")])
+@pytest.mark.parametrize("base, ft", [("fedprox", "fedprox_ft"),
+                                      pytest.param("scaffold", "scaffold_ft", marks=pytest.mark.full)])   # 5 s each
 def test_ft_variants_train_as_their_base_and_personalise_the_head_only(store, base, ft):
     """FedBSD's +FT rows: training (the GM's curve, the bytes) is the base algorithm's bit for bit; each PM is
     the GM with its head fine-tuned on the client's data, and it learns on 2-class clients (chance ~0.5)."""
