@@ -229,7 +229,7 @@ def sgd_update(params: list, grads: list, bufs: list, *, lr: float, momentum: fl
 def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch.Tensor,
                      index: list[torch.Tensor], *, epochs: int, batch_size: int, lr: float,
                      momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
-                     loss=ce_loss, trainable=None, seeds: list[int], steps: int | list | None = None,
+                     bias_decay: bool = True, loss=ce_loss, trainable=None, seeds: list[int], steps: int | list | None = None,
                      aux: list[dict] | None = None, per_sample: list[dict] | None = None) -> list[tuple[dict, TrainStats]]:
     """`engine.local_train` for C clients at once (see the module docstring).
 
@@ -286,6 +286,11 @@ def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: 
     FZ, fz_dims = _stack_tree([{nm: s[nm] for nm in frozen_names} for s in st], dev)
     BUF = {nm: torch.stack([s[nm].detach().to(dev) for s in st]).contiguous() for nm in names_b}
     MOM = {nm: torch.zeros_like(t) for nm, t in P.items()} if momentum else {}
+    if bias_decay or weight_decay == 0:
+        decay_groups = [(list(P), weight_decay)]
+    else:   # FedRep's code: no weight decay on biases
+        decay_groups = [(g, wd) for g, wd in (([nm for nm in P if "bias" not in nm], weight_decay),
+                                              ([nm for nm in P if "bias" in nm], 0.0)) if g]
     AUX, aux_dims = _stack_tree([aux[i] for i in order], dev)
     ps_names = list(per_sample[0])
     PS = {nm: _pad_rows([per_sample[i][nm] for i in order], dev) for nm in ps_names}
@@ -388,9 +393,10 @@ def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: 
                 coef = torch.clamp(grad_clip / (total + 1e-6), max=1.0)
                 for nm in G:
                     G[nm].mul_(coef.view((A,) + (1,) * (G[nm].dim() - 1)))
-            sgd_update([p[:A] for p in P.values()], [G[nm] for nm in P],
-                       [MOM[nm][:A] for nm in P] if momentum else [],
-                       lr=lr, momentum=momentum, weight_decay=weight_decay, first=t == 0)
+            for names, wd in decay_groups:    # one group (every parameter) unless biases are exempt
+                sgd_update([P[nm][:A] for nm in names], [G[nm] for nm in names],
+                           [MOM[nm][:A] for nm in names] if momentum else [],
+                           lr=lr, momentum=momentum, weight_decay=wd, first=t == 0)
     if dev.type != "cpu" and bool(bad):
         raise Divergence("a loss became non-finite during batched local training: the run diverged "
                          "(lower the learning rate, or check the loss term)")
@@ -621,7 +627,7 @@ def _train_chunk(ctx: Context, rnd: int, ks: list[int], plans: list[Plan]):
     return local_train_many(
         ctx.model(ks[0]), [p.start for p in plans], ctx.data.x, ctx.data.y, [ctx.data.train[k] for k in ks],
         epochs=c.local_epochs if p0.epochs is None else p0.epochs, batch_size=c.batch_size,
-        lr=c.lr if p0.lr is None else p0.lr, momentum=c.momentum, weight_decay=c.weight_decay,
+        lr=c.lr if p0.lr is None else p0.lr, momentum=c.momentum, weight_decay=c.weight_decay, bias_decay=c.bias_decay,
         grad_clip=c.grad_clip, loss=p0.loss, trainable=p0.trainable,
         seeds=[derive_seed(c.seed, rnd, k, p0.purpose) for k in ks], steps=[p.steps for p in plans],
         aux=[p.aux for p in plans], per_sample=[p.per_sample for p in plans])

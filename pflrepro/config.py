@@ -101,6 +101,8 @@ RUN_SCHEMA: dict[str, Param] = {
     "lr": Param(float, 0.01, "client learning rate", low=0.0, low_open=True),
     "momentum": Param(float, 0.0, "SGD momentum", low=0.0, high=1.0),
     "weight_decay": Param(float, 0.0, "SGD weight decay", low=0.0),
+    "bias_decay": Param(bool, True, "weight decay on biases too; false exempts every parameter whose name contains "
+                        "'bias' (FedRep's code, whose setup FedBSD's experiments follow)"),
     "grad_clip": Param(float, 0.0, "max gradient norm (0 = off)", low=0.0),
     "eval_gm_local": Param(bool, False, "also score the global model on every client's local test set (metric "
                            "gm_local_acc_mean: PerFed-CKT's 'Ditto (GM)', 'Per-FedAvg (GM)')"),
@@ -147,6 +149,7 @@ class RunConfig:
     lr: float = 0.01
     momentum: float = 0.0
     weight_decay: float = 0.0
+    bias_decay: bool = True
     grad_clip: float = 0.0
     eval_every: int = 1
     eval_gm_local: bool = False

@@ -167,24 +167,30 @@ class TrainStats:
 
 def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                 lr: float, momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
-                loss: LossFn = ce_loss, trainable: Callable[[str], bool] | None = None,
+                bias_decay: bool = True, loss: LossFn = ce_loss, trainable: Callable[[str], bool] | None = None,
                 seed: int = 0, steps: int | None = None,
                 aux: dict | None = None, per_sample: dict | None = None) -> TrainStats:
     """The local-training primitive: SGD on (x, y) minimising `loss(net, xb, yb)`.
 
     `trainable(name)` selects the parameters that move (others are frozen for this call);
     `seed` fixes the data order and dropout draws; `steps` (optional) caps the number of
-    mini-batch steps instead of whole epochs. Batches are index slices of the client's
+    mini-batch steps instead of whole epochs; `bias_decay=False` exempts parameters named `*bias*` from
+    `weight_decay` (FedRep's code). Batches are index slices of the client's
     tensors: no DataLoader. The last partial batch of an epoch is kept.
     A batchable loss term (`batchable`) is called `loss(ModelView(net), xb, yb, aux_b)` instead,
     with aux_b = `aux` plus the batch's rows of each `per_sample` tensor.
     `pflrepro.batched.local_train_many` is the same primitive for many clients at once.
     """
-    params = [p for n, p in net.named_parameters() if trainable is None or trainable(n)]
+    named = [(n, p) for n, p in net.named_parameters() if trainable is None or trainable(n)]
+    params = [p for _, p in named]
     frozen = [p for n, p in net.named_parameters() if trainable is not None and not trainable(n)]
     for p in frozen:
         p.requires_grad_(False)
-    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    groups = params
+    if not bias_decay and weight_decay != 0:   # FedRep's code: no weight decay on biases
+        groups = [g for g in ({"params": [p for n, p in named if "bias" not in n]},
+                              {"params": [p for n, p in named if "bias" in n], "weight_decay": 0.0}) if g["params"]]
+    opt = torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout / stochastic layers: per-client, per-round stream
     net.train()
@@ -350,7 +356,7 @@ class Context:
         return local_train(net, x, y, epochs=c.local_epochs if epochs is None else epochs,
                            batch_size=c.batch_size if batch_size is None else batch_size,
                            lr=c.lr if lr is None else lr, momentum=c.momentum,
-                           weight_decay=c.weight_decay, grad_clip=c.grad_clip, loss=loss,
+                           weight_decay=c.weight_decay, bias_decay=c.bias_decay, grad_clip=c.grad_clip, loss=loss,
                            trainable=trainable, seed=derive_seed(c.seed, rnd, k, purpose), steps=steps,
                            aux=aux, per_sample=per_sample)
 

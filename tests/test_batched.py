@@ -145,6 +145,24 @@ def test_local_train_many_equals_local_train_per_client():
     assert max(_max_diff(u[0], w[0]) for u, w in zip(unclipped, want)) > 100 * PARAM_ATOL
 
 
+
+def test_local_train_many_exempts_biases_from_weight_decay_as_local_train():
+    """`bias_decay=False` (FedRep's code): the batched primitive equals the per-client one, and it is not the
+    all-decayed update (a weight decay of 0.5 makes the difference visible after two epochs)."""
+    x, y = _data("mlp")
+    sizes = [37, 10]
+    index = _indices(sizes, len(y))
+    starts = [_mlp(10 + i).state_dict() for i in range(len(sizes))]
+    kw = dict(epochs=2, **{**OPT, "weight_decay": 0.5})
+    want = _per_client(_mlp, starts, x, y, index, [1, 2], bias_decay=False, **kw)
+    got = _batched(_mlp, starts, x, y, index, [1, 2], bias_decay=False, **kw)
+    for (gs, gst), (ws, wst) in zip(got, want):
+        _assert_stats_equal(gst, wst)
+        _assert_states_close(gs, ws)
+    every = _per_client(_mlp, starts, x, y, index, [1, 2], **kw)
+    assert max(_max_diff({n: t for n, t in u[0].items() if "bias" in n}, {n: t for n, t in w[0].items() if "bias" in n})
+               for u, w in zip(every, want)) > 100 * PARAM_ATOL
+
 def test_local_train_many_steps_cap_and_trainable_subset():
     """`steps` caps training mid-epoch, `trainable` freezes the first layer (no weight decay on it)."""
     x, y = _data("mlp")

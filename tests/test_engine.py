@@ -86,3 +86,19 @@ def test_divergence_is_reported():
     x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
     with pytest.raises(Divergence, match="diverged"):
         local_train(_tiny(), x, y, epochs=1, batch_size=4, lr=0.1, loss=lambda net, xb, yb: net(xb).sum() * float("nan"))
+
+
+def test_weight_decay_spares_biases_when_asked_hand_computed():
+    """A zero loss leaves only weight decay: one SGD step at lr 0.1, weight decay 0.5 multiplies each decayed
+    parameter by 1 - 0.1 * 0.5 = 0.95; with `bias_decay=False` (FedRep's code) the bias stays where it was."""
+    def zero(net, xb, yb):
+        return net(xb).sum() * 0.0
+    for bias_decay, bias_factor in ((True, 0.95), (False, 1.0)):
+        net = nn.Linear(2, 1)
+        with torch.no_grad():
+            net.weight.copy_(torch.tensor([[2.0, -4.0]]))
+            net.bias.fill_(3.0)
+        local_train(net, torch.ones(4, 2), torch.zeros(4), epochs=1, batch_size=4, lr=0.1, weight_decay=0.5,
+                    bias_decay=bias_decay, loss=zero)
+        assert torch.allclose(net.weight, torch.tensor([[1.9, -3.8]]))
+        assert net.bias.item() == pytest.approx(3.0 * bias_factor)

@@ -121,7 +121,8 @@ def test_fedbsd_student_own_starts_from_the_clients_previous_backbone():
     moved = {n: t + 1.0 for n, t in server["params"].items()}        # a different global model next round
     start = algo.plan(2, 0, {"params": moved}, st).start
     assert _same(start, up.payload, up.payload) and _same(start, st["personal"], HEAD)
-    glob = ALGORITHMS["fedbsd"](ctx, head_epochs=1, body_epochs=1)
+    assert ALGORITHMS["fedbsd"](ctx, head_epochs=1, body_epochs=1).hp["student"] == "own"   # Alg. 1, the default
+    glob = ALGORITHMS["fedbsd"](ctx, head_epochs=1, body_epochs=1, student="global")
     assert _same(glob.plan(2, 0, {"params": moved}, st).start, moved, list(up.payload))
 
 

@@ -6,9 +6,13 @@ averaged by n_k) with the backbone phase replaced by self-distillation:
      ("the private head requires 10 rounds of updates", as FedRep);
   2. then the BACKBONE only, on (eq. 9)
          L = (1 - a) * CE(head(f_s(x)), y) + a * T^2 * KL( softmax(f_t(x) / T) || softmax(f_s(x) / T) )
-     with teacher f_t = "the global backbone received from the server" (frozen) and student f_s = the local
-     backbone ("the objective of distillation here has changed to features rather than logits");
-  3. uploads the backbone only.
+     with teacher f_t = "the global backbone received from the server" (frozen) and student f_s = "the original
+     local backbone" (Alg. 1): the client's own backbone from its last round (the received one before its first)
+     ("the objective of distillation here has changed to features rather than logits");
+  3. uploads the backbone and keeps it: the client's personalized model is its distilled backbone with its
+     private head (Sec. 3: self-distillation "improves the performance of the local backbone").
+`student="global"` is the ablation that starts the student from the received backbone and scores the server's
+backbone with the client's head (FedRep's scoring).
 Our copy of the paper lost its equations and values: a = 0.5 is its "equal contribution"; T, the T^2 factor
 (Hinton et al.'s convention, as pFedSD's code), where the student starts and the teacher's mode are
 documented choices (docs/fidelity.md "FedBSD") and hyperparameters here.
@@ -46,9 +50,11 @@ class FedBSD(FedRep):
                    "training and global knowledge make an equal contribution')", low=0.0, high=1.0),
         "temperature": Param(float, 3.0, "softmax temperature T on the features (value lost in our copy; 3 as "
                              "pFedSD, which FedBSD compares with)", low=0.0, low_open=True),
-        "student": Param(str, "global", "where the student backbone starts: 'global' (the received backbone "
-                         "replaces the previous one, Sec. 3.2) or 'own' (the client's previous backbone, Alg. 1's "
-                         "'original local backbone')", choices=("global", "own")),
+        "student": Param(str, "own", "where the student backbone starts, and so which backbone the client's "
+                         "personalized model has: 'own' (Alg. 1: 'the student model is the original local "
+                         "backbone', the client's own distilled backbone, kept and scored) or 'global' (ablation: "
+                         "the received backbone replaces the previous one, Sec. 3.2, and the client is scored with "
+                         "the server's backbone, as FedRep)", choices=("own", "global")),
         "teacher_mode": Param(str, "eval", "teacher forward: 'eval' (BN running statistics) or 'train'",
                               choices=("eval", "train")),
         "local_bn": Param(bool, False, "keep BatchNorm layers local (FedBN's exclusion, FedBSD's real-world "
