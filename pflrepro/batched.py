@@ -229,7 +229,8 @@ def sgd_update(params: list, grads: list, bufs: list, *, lr: float, momentum: fl
 def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch.Tensor,
                      index: list[torch.Tensor], *, epochs: int, batch_size: int, lr: float,
                      momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
-                     bias_decay: bool = True, loss=ce_loss, trainable=None, seeds: list[int], steps: int | list | None = None,
+                     bias_decay: bool = True, loss=ce_loss, trainable=None, seeds: list[int],
+                     steps: int | list | None = None,
                      aux: list[dict] | None = None, per_sample: list[dict] | None = None) -> list[tuple[dict, TrainStats]]:
     """`engine.local_train` for C clients at once (see the module docstring).
 
