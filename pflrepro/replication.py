@@ -407,7 +407,11 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
              "cells or methods are not in the outputs). A profile other than `paper` runs smaller settings on "
              "offline stand-in data: its verdicts speak about trends there, not about the paper's numbers. "
              "Compute: the wall time of the distinct runs the outputs used.\n",
-             summary_markdown(summary)]
+             summary_markdown(summary),
+             "Against independent implementations: eight baselines the papers share (FedAvg, FedProx, Ditto, FedRep, "
+             "FedPer, LG-FedAvg, FedRoD, SCAFFOLD) were trained beside PFLlib's own code on one identical setting "
+             "and three paired seeds (`scripts/crosscheck/pfllib.py`; the table and what it can resolve: "
+             "docs/evidence.md, \"Eight baselines against PFLlib\").\n"]
     flagged = flagged_by_run([st for sts in papers.values() for st in sts])
     if flagged is not None:
         checked = [st for sts in papers.values() for st in sts if st.exists and st.health is not None]
