@@ -145,7 +145,6 @@ def test_local_train_many_equals_local_train_per_client():
     assert max(_max_diff(u[0], w[0]) for u, w in zip(unclipped, want)) > 100 * PARAM_ATOL
 
 
-
 def test_local_train_many_exempts_biases_from_weight_decay_as_local_train():
     """`bias_decay=False` (FedRep's code): the batched primitive equals the per-client one, and it is not the
     all-decayed update (a weight decay of 0.5 makes the difference visible after two epochs)."""
