@@ -31,13 +31,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _table import write_table  # noqa: E402
+
 COLUMNS = ["mode", "threads", "busy", "wait_policy", "seconds", "slowdown", "same_metrics"]
 
 
 def child(rounds: int, subsample: float, threads: int, store: str) -> None:
     import torch
 
-    from pflrepro.runs import read_metrics, run
+    from pflrepro.pipeline.store import read_metrics, run
     torch.set_num_threads(threads)
     cfg = dict(algorithm="fedavg", dataset="fmnist", subsample=subsample, n_clients=10, partition="iid",
                split="random", split_params={"fractions": [0.8, 0.2]}, model="cnn_fmnist", rounds=rounds,
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
     if a.child is not None:
         child(**json.loads(a.child))
         return 0
-    from pflrepro.parallel import cpu_cores
+    from pflrepro.pipeline.parallel import cpu_cores
     cores = cpu_cores()
     modes = [(t, busy, passive) for t in sorted({cores, 1}, reverse=True)
              for busy, passive in ((False, False), (True, False), (True, True), (False, True))]

@@ -4,7 +4,7 @@
                                        [--repeats R] [--workloads a_mini,c_mlp_b10,...]
 
 Engines (all start from the same initial weights, train the same clients of each round, sampled
-by `engine.sample_clients`, on the same partition, with the same SGD settings, and aggregate with
+by `schedule.sample_clients`, on the same partition, with the same SGD settings, and aggregate with
 the n_k-weighted average):
 
 - `conventional`: the per-client loop of most FL code bases: `copy.deepcopy` of the global model
@@ -13,9 +13,9 @@ the n_k-weighted average):
   moved to the device, as usual), `torch.optim.SGD(momentum, weight_decay)`, the standard
   zero_grad/forward/backward/step loop with `loss.item()` per step, then the weighted average of
   the clients' state dicts, loaded into the global model.
-- `per_client`: pflrepro's reference path (`engine='per_client'`): `engine.local_train` client by
+- `per_client`: pflrepro's reference path (`engine='per_client'`): `training.local_train` client by
   client, batches are index slices of the pooled tensors on the device, no DataLoader.
-- `batched`: pflrepro's batched path (`engine='batched'`, `pflrepro.batched`): all selected clients'
+- `batched`: pflrepro's batched path (`engine='batched'`, `pflrepro.core.batched`): all selected clients'
   steps at once, `vmap(grad_and_value)` over stacked weights, one fused SGD update.
 
 Workloads (`WORKLOADS`): (a) the `mini` FedAvg run of params/pfedsd_common.yaml on Fashion-MNIST;
@@ -60,7 +60,6 @@ for _p in (str(REPO), str(HERE)):
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
 from bench_fedavg import _cpu_seconds, _fmt, _other_cpu_share, forward_flops  # noqa: E402
 from bench_fedavg import matmul_peak as shared_matmul_peak  # noqa: E402
 
@@ -80,7 +79,7 @@ TARGETS = {"a_mini": ("conventional", 2.0), "b_paper_b10": ("per_client", 1.0), 
 # ---------------------------------------------------------------- workloads
 def _mini_fedavg() -> dict:
     """FedAvg's run in the `mini` profile of params/pfedsd_common.yaml, as the notebooks build it."""
-    from pflrepro.experiments import grid, load_profile
+    from pflrepro.pipeline.experiments import grid, load_profile
     return grid(load_profile("pfedsd_common", "mini"))[("fedavg", "default", 0)].to_dict()
 
 
@@ -185,7 +184,8 @@ class Conventional:
 
     def round(self, rnd: int, selected: list[int]) -> tuple[float, int]:
         from torch.utils.data import DataLoader, TensorDataset
-        from pflrepro.engine import derive_seed
+
+        from pflrepro.core.seeds import derive_seed
         c = self.cfg
         states, weights, losses, samples = [], [], [], 0
         for k in selected:
@@ -226,7 +226,7 @@ def average_weights(states: list[dict], weights: list[float]) -> dict:
 
 
 class Pflrepro:
-    """pflrepro's round without evaluation: `engine.local_round` (per_client or batched, as
+    """pflrepro's round without evaluation: `loop.local_round` (per_client or batched, as
     cfg.engine says) and `Algorithm.aggregate`, exactly what `run_rounds` does between evaluations."""
 
     def __init__(self, ctx):
@@ -235,11 +235,11 @@ class Pflrepro:
         self.algo = ALGORITHMS["fedavg"](ctx)
         self.server, self.clients = self.algo.server_init(), {}
         if ctx.cfg.engine != "per_client":
-            from pflrepro.batched import check_memory
+            from pflrepro.core.batched import check_memory
             check_memory(ctx, self.algo, 1, self.server, self.clients)
 
     def round(self, rnd: int, selected: list[int]) -> tuple[float, int]:
-        from pflrepro.engine import local_round
+        from pflrepro.core.loop import local_round
         updates = local_round(self.ctx, self.algo, rnd, selected, self.server, self.clients)
         self.server = self.algo.aggregate(rnd, self.server, updates, self.clients)
         return float(np.mean([u.loss for u in updates])), int(sum(u.samples for u in updates))
@@ -252,18 +252,18 @@ def _sync(dev: torch.device) -> None:
 
 def build(spec: dict, device: str):
     """The workload's context (shared by all engines: same partition, init, data)."""
-    from pflrepro import runs
-    from pflrepro.config import RunConfig
-    from pflrepro.data import load_dataset
+    from pflrepro.data.datasets import load_dataset
+    from pflrepro.federation import build as federation
+    from pflrepro.federation.config import RunConfig
     cfg = RunConfig.from_dict({**spec["cfg"], "device": device})
     if spec["fake_scale"] is not None:  # a stand-in of the real shapes, possibly fewer images (--quick)
-        runs._RAW_CACHE[cfg.dataset] = load_dataset(cfg.dataset, fake_scale=spec["fake_scale"])
-    return runs.build_context(cfg, runs.resolve_device(device))
+        federation._RAW_CACHE[cfg.dataset] = load_dataset(cfg.dataset, fake_scale=spec["fake_scale"])
+    return federation.build_context(cfg, federation.resolve_device(device))
 
 
 def run_engine(ctx, engine: str, rounds: int) -> dict:
     """One warm-up round, then `rounds` timed rounds of `engine` (local training + aggregation)."""
-    from pflrepro.engine import sample_clients
+    from pflrepro.core.schedule import sample_clients
     ctx.cfg = ctx.cfg.replace(engine="per_client" if engine == "conventional" else engine,
                               rounds=rounds + 1, eval_every=rounds + 1)
     ctx._work.clear()

@@ -5,7 +5,7 @@
 Each mode runs in a subprocess of its own with an empty run store, timed around `experiments.run_grid` (imports
 and the params file outside the clock, as in a notebook whose kernel is already up):
 
-- `local`: jobs = CPU cores, one thread per run (pflrepro.parallel).
+- `local`: jobs = CPU cores, one thread per run (pflrepro.pipeline.parallel).
 - `ray_local_instance`: executor="ray" with no cluster running: Ray starts a local instance for the grid and
   stops it after (its start-up and shutdown are inside the clock: what a user pays), one CPU per run.
 - `ray_running_cluster`: a Ray head started before the clock (`ray start --head`): what a grid costs on a
@@ -37,7 +37,7 @@ COLUMNS = ["notebook", "profile", "mode", "runs", "seconds", "ratio_to_local", "
 def child(notebook: str, profile: str, executor: str, store: str) -> None:
     import time
 
-    from pflrepro import experiments, parallel
+    from pflrepro.pipeline import experiments, parallel
     configs = experiments.grid(experiments.load_profile(notebook, profile))
     t = time.perf_counter()
     experiments.run_grid(configs, root=store, progress=False, jobs=parallel.cpu_cores(), executor=executor)
@@ -45,7 +45,7 @@ def child(notebook: str, profile: str, executor: str, store: str) -> None:
 
 
 def _metrics(store: Path) -> dict:
-    from pflrepro.runs import read_metrics
+    from pflrepro.pipeline.store import read_metrics
     return {d.name: read_metrics(d) for d in sorted(store.iterdir()) if d.is_dir()}
 
 
@@ -54,7 +54,7 @@ def _ray(*args) -> None:
 
 
 def main(argv=None) -> int:
-    from pflrepro import parallel
+    from pflrepro.pipeline import parallel
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--notebook", default="dcpfl_fig3")
     ap.add_argument("--profile", default="mini")

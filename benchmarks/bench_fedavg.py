@@ -40,9 +40,9 @@ import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from pflrepro.algorithms import ALGORITHMS  # noqa: E402
-from pflrepro.config import RunConfig  # noqa: E402
-from pflrepro.engine import evaluate, run_rounds  # noqa: E402
-from pflrepro.runs import build_context  # noqa: E402
+from pflrepro.core.loop import evaluate, run_rounds  # noqa: E402
+from pflrepro.federation.build import build_context  # noqa: E402
+from pflrepro.federation.config import RunConfig  # noqa: E402
 
 MODELS = ("cnn_cifar10", "cnn_fmnist")
 COLUMNS = ("workload", "model", "rounds", "repeats", "clients", "samples_per_round", "s_per_round", "eval_s",
@@ -100,7 +100,7 @@ def _other_cpu_share(before, after, wall: float) -> float:
 
 
 def forward_flops(ctx) -> int:
-    """Forward FLOPs of one sample (as pflrepro.runs.model_flops, but failing loudly)."""
+    """Forward FLOPs of one sample (as pflrepro.pipeline.store.model_flops, but failing loudly)."""
     net = ctx.make_model(0).to(ctx.device).eval()
     with FlopCounterMode(display=False) as fc, torch.no_grad():
         net(ctx.data.x[:1])

@@ -43,7 +43,7 @@ def child(notebook: str, profile: str, jobs: int, threads: int, store: str) -> N
 
     import torch
 
-    from pflrepro import experiments
+    from pflrepro.pipeline import experiments
     if threads:
         import os
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:threads])
@@ -56,12 +56,12 @@ def child(notebook: str, profile: str, jobs: int, threads: int, store: str) -> N
 
 
 def _metrics(store: Path) -> dict:
-    from pflrepro.runs import read_metrics
+    from pflrepro.pipeline.store import read_metrics
     return {d.name: read_metrics(d) for d in sorted(store.iterdir())}
 
 
 def main(argv=None) -> int:
-    from pflrepro import parallel
+    from pflrepro.pipeline import parallel
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke profile of the example notebook (seconds)")
     ap.add_argument("--notebook", default=None, help="default: pfedsd_table2 (example with --quick)")

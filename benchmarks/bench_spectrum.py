@@ -1,8 +1,8 @@
-"""SCD's spectral term: one torch FFT call of the whole weight vector against pflrepro.spectral's path.
+"""SCD's spectral term: one torch FFT call of the whole weight vector against pflrepro.algorithms.spectral's path.
 
 Spectral co-distillation (pflrepro.algorithms.scd) takes the DFT magnitude of a model's whole weight vector
 (and its gradient) at every local step. LeNet's vector has 44,190 = 2 x 3^2 x 5 x 491 entries; one call of
-torch's FFT on such a length costs more than the CNN's own step, while `pflrepro.spectral` splits lengths
+torch's FFT on such a length costs more than the CNN's own step, while `pflrepro.algorithms.spectral` splits lengths
 with a large prime factor p into p x (d / p) (the four-step DFT: batched short FFTs). This script times, for
 a few weight-vector lengths, one forward + backward of the spectral term D(normalise(s(w)) || q), the
 reference (`rfft`: one torch.fft.rfft call and its mirror) and pflrepro's (`pflrepro`), per client
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch.func import grad, vmap
 
-from pflrepro.spectral import _largest_prime_factor, divergence, normalise, spectrum
+from pflrepro.algorithms.spectral import _largest_prime_factor, divergence, normalise, spectrum
 
 LENGTHS = {"lenet_fmnist": 44190, "lenet_cifar": 61770, "pow2": 65536, "resnet18": 11169152}
 
@@ -34,7 +34,7 @@ def rfft_spectrum(w: torch.Tensor) -> torch.Tensor:
 
 
 def term(spec, q):
-    """w -> D(normalise(spec(w)) || q), as pflrepro.spectral.spectral_term computes it."""
+    """w -> D(normalise(spec(w)) || q), as pflrepro.algorithms.spectral.spectral_term computes it."""
     return lambda w: divergence(normalise(spec(w)), q)
 
 
@@ -76,7 +76,7 @@ def main(argv=None) -> list[dict]:
     names = ["lenet_fmnist"] if a.quick else list(LENGTHS)
     rows = []
     before = torch.get_num_threads()
-    torch.set_num_threads(1)                    # as each run trains under pflrepro.parallel on this machine
+    torch.set_num_threads(1)                    # as each run trains under pflrepro.pipeline.parallel on this machine
     try:                                        # restored after: callers in the same process (tests) keep theirs
         for n in names:
             big = LENGTHS[n] > 1_000_000

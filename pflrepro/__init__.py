@@ -5,7 +5,7 @@ Entry points: `pflrepro.run(config)` (one run, content-addressed and resumable),
 """
 import os as _os
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401  (pflrepro.__version__)
 
 # OpenMP's idle threads sleep instead of spinning at the end of every parallel region. Alone it costs nothing
 # (1.01x); beside one other busy process on 2 cores it cuts a 2-thread run's slowdown from 2.53x to 1.68x, with
@@ -16,6 +16,6 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def run(cfg, **kw):
-    """Run one config (dict or RunConfig); see pflrepro.runs.run."""
-    from .runs import run as _run
+    """Run one config (dict or RunConfig); see pflrepro.pipeline.store.run."""
+    from .pipeline.store import run as _run
     return _run(cfg, **kw)

@@ -1,7 +1,7 @@
 """The cost of every notebook's `paper` profile, as the markdown table of docs/performance.md ("What a paper
 profile costs"): python scripts/cost_table.py [--profile paper] [--jobs 2]
 
-Rates are measured on the machine that runs this (pflrepro.budget); the GPU column uses budget.GPU_FLOPS.
+Rates are measured on the machine that runs this (pflrepro.pipeline.budget); the GPU column uses budget.GPU_FLOPS.
 A notebook that renders another's runs (`source:` in its params file) is listed with that one's cost.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pflrepro import budget  # noqa: E402
-from pflrepro.experiments import grid, load_profile, read_params  # noqa: E402
+from pflrepro.pipeline import budget  # noqa: E402
+from pflrepro.pipeline.experiments import grid, load_profile, read_params  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from pflrepro.experiments import read_params  # noqa: E402
-from pflrepro.replication import PAPERS, _paper_of  # noqa: E402
+from pflrepro.pipeline.experiments import read_params  # noqa: E402
+from pflrepro.reporting.replication import PAPERS, _paper_of  # noqa: E402
 
 PARAMS = '''# Parameters (papermill injects overrides after this cell)
 profile = None        # None: the profile set in params/{name}.yaml; or smoke, mini, paper
@@ -23,8 +23,8 @@ jobs = None           # runs trained at once; None: $PFLREPRO_JOBS or auto (CPU 
 executor = None       # None: $PFLREPRO_EXECUTOR or local; "ray" or "ray:ADDRESS" trains on a Ray cluster (README)'''
 
 SETUP = '''import pandas as pd
-from pflrepro import report
-from pflrepro.notebook import Experiment
+from pflrepro.reporting import tables as report
+from pflrepro.reporting.notebook import Experiment
 
 E = Experiment("{name}", profile, overrides, out_dir)'''
 
@@ -67,7 +67,7 @@ table = report.speedups(times, E.P["pairs"])
 paper = E.paper().rename(columns={{"speedup": "paper_speedup"}})
 table = table.merge(paper[["method", "pm_epochs", "target", "paper_speedup"]], on=["method", "pm_epochs", "target"], how="left")
 E.table(table, "{title}: time to reach the target PM accuracy (simulated seconds) and the speedup",
-        note="Simulated time (pflrepro.clock; rates and bandwidths in the run config, docs/fidelity.md). "
+        note="Simulated time (pflrepro.core.clock; rates and bandwidths in the run config, docs/fidelity.md). "
              "NaN: the target was not reached within the run. Speedup = time_slow / time_fast.", digits=3)
 curves = report.curves(results, E.metric)
 E.figure(report.plot_curves(curves, E.metric, title=E.banner, ylabel="PM accuracy (%)", x="sim_time"), "time_curves")'''
@@ -156,7 +156,7 @@ E.table(table, "{title} (average test accuracy over all clients %, best round ±
 E.figure(report.plot_vs_paper(table, E.banner), "vs_paper")'''
 
 PERFED_TOY = '''import numpy as np
-from pflrepro import toy
+from pflrepro.papers import toy
 T = E.P["extra"]["toy"]
 kw = dict(n=T["n"], noise=T["noise"], n_public=T["n_public"])
 exp = toy.toy_experiment(range(T["seeds"]), lam=T["lam"], c=T["clusters"], **kw)
@@ -260,7 +260,7 @@ E.table(table, "Fig. 2: mean over rounds of the accuracy on clients' local test 
                     "Balanced Dirichlet α = 0.1; dot area ∝ number of samples of a class on a client. No training.",
                     ['''cfg = next(iter(E.configs.values()))
 E.figure(report.partition_figure(cfg), "partition")
-from pflrepro.runs import build_partition
+from pflrepro.federation.build import build_partition
 split = build_partition(cfg)
 sizes = [len(t) for t in split["train"]]
 print(f"train samples per client: min {min(sizes)}, max {max(sizes)}, total {sum(sizes)}")''']),
@@ -309,8 +309,8 @@ E.figure(g.figure, "lambda_tau")''']),
                        "Measured, not estimated: bytes each client downloads + uploads, FLOPs of its local training "
                        "(torch's FLOP counter). Beside them the paper's units: its \"MB\" match millions of parameters "
                        "exchanged and its \"FLOPs\" pytorch-OpCounter multiply-accumulates (see docs/fidelity.md).",
-                       ['''from pflrepro import cost
-from pflrepro.progress import tqdm
+                       ['''from pflrepro.pipeline import cost
+from pflrepro.pipeline.progress import tqdm
 rows = [{"method": m, "setting": s, "seed": seed, **cost.measure(cfg)}
         for (m, s, seed), cfg in tqdm(E.configs.items(), desc="measuring", disable=progress is not True)]
 costs = pd.DataFrame(rows)
@@ -331,7 +331,7 @@ E.figure(report.plot_vs_paper(long.drop(columns="dataset"), E.banner, ylabel="pe
                        "Compute and server times are measured on this machine (Table 11's runs); communication comes from "
                        "the measured bytes and the bandwidth stated in the params file. Absolute seconds depend on the "
                        "hardware: compare the split and the ratios between methods.",
-                       ['''from pflrepro import cost
+                       ['''from pflrepro.pipeline import cost
 src = E.res_dir.parent / E.P["source"] / "costs.csv"
 if out_dir is None and src.exists():
     costs = pd.read_csv(src)
@@ -406,16 +406,16 @@ E.figure(report.plot_sweep(table, "client participation rate", E.banner), "parti
                    [SCD_SWEEP.format(title="SCD Table 8", key="lam", xlabel="λ_p")]),
     "scd_table9": ("SCD Table 9: wait-free against FedAsync and FedBuff (Ditto)",
                    "Speedups over vanilla Ditto (synchronous, compute-and-wait) to 40% / 80% PM accuracy, on the "
-                   "simulated clock. FedAsync and FedBuff run through the same round loop (pflrepro.schedule).",
+                   "simulated clock. FedAsync and FedBuff run through the same round loop (pflrepro.core.schedule).",
                    [SCD_TIME.format(title="SCD Table 9")]),
     "scd_table10": ("SCD Table 10: partial participation c ∈ {0.1, 0.2}",
                     "CIFAR-10 α = 1 in the paper (whose caption here repeats Table 7's).",
                     [SCD_TABLE.format(title="SCD Table 10", dataset="CIFAR-10")]),
     "scd_fig3": ("SCD Fig. 3: new clients fine-tuned from the global model",
                  "The last clients of the partition never train; after the last round each fine-tunes the final global "
-                 "model on its own data for 5 or 10 epochs (pflrepro.newclients). The paper shows a figure only: no "
+                 "model on its own data for 5 or 10 epochs (pflrepro.papers.newclients). The paper shows a figure only: no "
                  "numbers to compare; its claim is SCD on top.",
-                 ['''from pflrepro.newclients import new_client_accuracy
+                 ['''from pflrepro.papers.newclients import new_client_accuracy
 rows = [{"method": m, "dataset": r.config.dataset, "setting": s, "seed": seed, "epochs": e,
          "acc": 100 * new_client_accuracy(r, e)["acc"]}
         for (m, s, seed), r in results.items() for e in E.P["finetune_epochs"]]
@@ -460,7 +460,7 @@ E.figure(g.figure, "new_clients")''']),
                         "Table 2's federation: (a) the share of clients per architecture, a larger dataset drawing "
                         "a larger model (`model_assign: size`); (b) samples per label and client (bubble area). "
                         "No training.",
-                        ['''from pflrepro.runs import arch_params, build_partition, client_archs
+                        ['''from pflrepro.federation.build import arch_params, build_partition, client_archs
 cfg = next(iter(E.configs.values()))
 split = build_partition(cfg)
 sizes = [len(t) for t in split["train"]]
@@ -508,7 +508,7 @@ DVC_HEADER = """# Every table and figure, one stage per notebook (generated by s
 FIXED_STAGES = {
     "data": {  # Fashion-MNIST as a tensor cache (checked: decoded-content sha256, shapes, counts)
         "cmd": "mkdir -p results/data && python -m pflrepro data fmnist --save data/fmnist.pt > results/data/fmnist.json",
-        "deps": ["pflrepro/data.py"],
+        "deps": ["pflrepro/data/datasets.py"],
         "outs": ["data/fmnist.pt", "results/data/fmnist.json"],
     },
 }
@@ -545,7 +545,7 @@ def _paper(name: str) -> str | None:
 
 
 def train_stage(paper: str, names: list[str]) -> dict:
-    """All of a paper's runs in one queue (pflrepro.experiments.train_notebooks): two runs stay busy
+    """All of a paper's runs in one queue (pflrepro.pipeline.experiments.train_notebooks): two runs stay busy
     from the first to the last instead of idling at the end of each notebook's short grid."""
     names = [n for n in names if n not in NO_RUN]
     chains = sorted({p for n in names for p in _params_chain(n)})
@@ -589,12 +589,12 @@ def write_dvc_yaml() -> None:
     papers = [n for n in stages if n not in FIXED_STAGES and n != "example" and not n.startswith("train_")]
     stages["report"] = {  # the replication report: every paper's tables, figures and claims checklist, last
         "cmd": "python -m pflrepro report --results results --figures figures --out results/report",
-        "deps": ["pflrepro/claims.py", "pflrepro/health.py", "pflrepro/replication.py", "paper_numbers"]
+        "deps": ["pflrepro/reporting/claims.py", "pflrepro/reporting/health.py", "pflrepro/reporting/replication.py", "paper_numbers"]
                 + [f"results/{n}" for n in papers] + [f"figures/{n}" for n in papers],
         "outs": ["results/report"],
     }
     # learning curves where DVC users look (`dvc plots show`, `dvc plots diff` between experiments): every training
-    # notebook's curves.csv (pflrepro.notebook.plot_curves_csv), one line per curve (template .dvc/plots/curves.json)
+    # notebook's curves.csv (pflrepro.reporting.notebook.plot_curves_csv), one line per curve (template .dvc/plots/curves.json)
     metric = {n: _metric(n) for n in built if "metrics" in stages[n]}
     plots = [{f"results/{n}/curves.csv": {"x": "round", "y": m, "template": "curves", "title": n,
                                            "y_label": f"{m} (%)"}} for n, m in metric.items()]

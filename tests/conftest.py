@@ -30,7 +30,7 @@ def _one_core_per_xdist_worker(monkeypatch):
     core. The bits stay: "auto" gave 2 jobs of cores // 2 = 1 thread, and now gives 1 job of 1 thread. Tests that
     ask for jobs=2 still start workers (tests/test_parallel.py)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        from pflrepro import parallel
+        from pflrepro.pipeline import parallel
         monkeypatch.setattr(parallel, "cpu_cores", lambda: 1)
 
 

@@ -6,9 +6,10 @@ import torch
 
 from pflrepro.algorithms import ALGORITHMS
 from pflrepro.algorithms.pfedsd import kd_kl
-from pflrepro.config import RunConfig
-from pflrepro.engine import ModelView
-from pflrepro.runs import build_context, run
+from pflrepro.core.training import ModelView
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline.store import run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 

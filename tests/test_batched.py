@@ -1,6 +1,6 @@
-"""The batched engine (`pflrepro.batched`) against the per-client reference path.
+"""The batched engine (`pflrepro.core.batched`) against the per-client reference path.
 
-Primitive level: `local_train_many` for C clients equals `engine.local_train` called client by
+Primitive level: `local_train_many` for C clients equals `training.local_train` called client by
 client on the same starts and seeds (momentum, weight decay, gradient clipping, different dataset
 sizes, partial last batches, BatchNorm statistics, dropout masks). Round level: every plan-based
 algorithm gives the same per-round metrics with engine='batched' and engine='per_client'. Engine
@@ -18,12 +18,14 @@ import pytest
 import torch
 from torch import nn
 
-from pflrepro import batched
 from pflrepro.algorithms import ALGORITHMS
-from pflrepro.batched import MemoryBudgetError, NotBatchable, local_train_many, uses_plans
-from pflrepro.config import RunConfig
-from pflrepro.engine import batchable, local_train, run_rounds
-from pflrepro.runs import WALL_COLUMNS, build_context
+from pflrepro.core import batched
+from pflrepro.core.batched import MemoryBudgetError, NotBatchable, local_train_many, uses_plans
+from pflrepro.core.loop import run_rounds
+from pflrepro.core.training import batchable, local_train
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline.store import WALL_COLUMNS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -306,10 +308,10 @@ def test_dropout_masks_equal_the_per_client_path(kind):
 def _small_standin():
     """The stand-in Fashion-MNIST at 1% scale (600 train / 100 test images): the global test set
     that every round evaluates on stays small too."""
-    from pflrepro import runs
-    from pflrepro.data import load_dataset
+    from pflrepro.data.datasets import load_dataset
+    from pflrepro.federation import build
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(runs._RAW_CACHE, "fake-fmnist", load_dataset("fake-fmnist", fake_scale=0.01))
+        mp.setitem(build._RAW_CACHE, "fake-fmnist", load_dataset("fake-fmnist", fake_scale=0.01))
         yield
 
 
@@ -422,7 +424,7 @@ def _id(n, hp, kw):
     return "-".join([n] + [f"{k}={'+'.join(v) if isinstance(v, list) else v}" for k, v in {**hp, **kw}.items()])
 
 
-# a second plan after the first (`engine.Then`: Ditto's and SCD's PM, FedRep's body): two batched calls a round
+# a second plan after the first (`context.Then`: Ditto's and SCD's PM, FedRep's body): two batched calls a round
 _TWO_PHASE = {"ditto", "scd", "fedrep"}
 ROUND_CASES = ([pytest.param(n, _HP.get(n, {}), _EXTRA.get(n, {}), [4] * (4 if n in _TWO_PHASE else 2), id=n)
                 for n in PLANNED]
@@ -532,7 +534,7 @@ def test_memory_budget_chunks_clients_with_the_same_result(monkeypatch):
 @pytest.mark.parametrize("momentum, weight_decay", [(0.0, 0.0), (0.0, 1e-2), (0.9, 0.0), (0.9, 1e-2)])
 @pytest.mark.parametrize("contiguous", [True, False])      # False: the explicit (non-fused) form
 def test_sgd_update_matches_torch_sgd(momentum, weight_decay, contiguous):
-    from pflrepro.batched import sgd_update
+    from pflrepro.core.batched import sgd_update
     g0 = torch.Generator().manual_seed(0)
     ps = [torch.randn(4, 3, 5, generator=g0), torch.randn(4, 7, generator=g0)]
     ref = [p.clone().requires_grad_() for p in ps]

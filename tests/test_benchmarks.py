@@ -124,7 +124,7 @@ JOBS_COLUMNS = ["notebook", "profile", "mode", "jobs", "threads_per_run", "runs"
 @pytest.mark.slow
 @pytest.mark.full   # 478 s there; side-by-side runs giving the same bits is tests/test_parallel.py's
 def test_bench_jobs_quick(tmp_path):
-    from pflrepro import parallel
+    from pflrepro.pipeline import parallel
     if parallel.resolve_jobs("auto", []) < 2:
         pytest.skip("one core: no side-by-side runs to compare")
     proc = subprocess.run([sys.executable, str(JOBS_SCRIPT), "--quick", "--out", str(tmp_path)],

@@ -13,7 +13,7 @@ import time
 import nbformat
 import pytest
 
-from pflrepro.runs import REPO_ROOT
+from pflrepro.paths import REPO_ROOT
 from tests.conftest import FMNIST_AVAILABLE
 
 SCRIPT = REPO_ROOT / "scripts" / "browser_check.py"

@@ -1,10 +1,10 @@
-"""What a grid costs before it runs (pflrepro.budget): FLOPs by hand, time from a rate, the estimate against a run."""
+"""What a grid costs before it runs (pflrepro.pipeline.budget): FLOPs by hand, time from a rate, the estimate against a run."""
 from __future__ import annotations
 
 import pytest
 
-from pflrepro import budget, experiments, parallel
-from pflrepro.config import RunConfig
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline import budget, experiments, parallel
 
 from .conftest import FMNIST_AVAILABLE, small_cfg
 

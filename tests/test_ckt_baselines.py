@@ -10,11 +10,13 @@ from torch import nn
 from pflrepro import algorithms
 from pflrepro.algorithms.base import Algorithm, Update
 from pflrepro.algorithms.feddf import FedDF, distill, distill_loss, ensemble_target
-from pflrepro.engine import outputs as logits_on
 from pflrepro.algorithms.hypcluster import HypCluster, mean_losses, pick_cluster
-from pflrepro.config import ConfigError, RunConfig
-from pflrepro.engine import state_bytes
-from pflrepro.runs import WALL_COLUMNS, build_context, run
+from pflrepro.core.aggregation import state_bytes
+from pflrepro.core.training import outputs as logits_on
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.params import ConfigError
+from pflrepro.pipeline.store import WALL_COLUMNS, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")

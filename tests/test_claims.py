@@ -1,4 +1,4 @@
-"""pflrepro.claims: every claim form on hand-made tables (holds, fails, undecided, not run), the undecided
+"""pflrepro.reporting.claims: every claim form on hand-made tables (holds, fails, undecided, not run), the undecided
 rule at its boundaries, validation, and the shipped claims files (they load, name real or planned stages,
 quote the papers verbatim, and hold or stay undecided on the papers' own printed numbers)."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from pflrepro import claims
-from pflrepro.claims import ClaimsError
+from pflrepro.reporting import claims
+from pflrepro.reporting.claims import ClaimsError
 
 REPO = Path(__file__).resolve().parent.parent
 PAPERS = Path(os.environ.get("PFLREPRO_PAPERS", "/work/shared/papers"))

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from pflrepro.config import ConfigError, RunConfig
+from pflrepro.federation.config import RunConfig
+from pflrepro.params import ConfigError
 
 
 @pytest.mark.parametrize("bad, words", [
@@ -47,7 +48,7 @@ def test_heterogeneous_models_need_an_algorithm_that_exchanges_no_whole_model():
 
 
 def test_client_architecture_cycles_through_models_and_the_server_uses_model():
-    from pflrepro.runs import client_archs
+    from pflrepro.federation.build import client_archs
     het = RunConfig.from_dict({"algorithm": "local", "model": "cnn2", "models": ["cnn1", "cnn2", "cnn3"]})
     assert client_archs(het, [5, 9, 1, 4, 4]) == ("cnn1", "cnn2", "cnn3", "cnn1", "cnn2") and het.heterogeneous
     same = RunConfig.from_dict({"algorithm": "fedavg", "model": "cnn1", "models": ["cnn1", "cnn1"]})
@@ -59,7 +60,7 @@ def test_client_architecture_cycles_through_models_and_the_server_uses_model():
 def test_size_assignment_draws_larger_models_for_larger_datasets():
     """PerFed-CKT Table 2: rank ~ Binomial(m - 1, n_k / max n). A client with the largest dataset always draws
     the largest model, an empty one the smallest; in between the mean rank is (m - 1) * n_k / max n."""
-    from pflrepro.models import assign_models
+    from pflrepro.data.models import assign_models
     n_params = {"big": 300, "mid": 200, "small": 100}
     models = ["small", "big", "mid"]                                  # order given does not matter: ranked by size
     assert assign_models(models, [100, 0, 100, 0], "size", n_params, seed=3) == ["big", "small", "big", "small"]
@@ -79,7 +80,7 @@ def test_model_assign_is_checked_against_the_registry():
 
 def test_a_validated_config_validates_again():
     """Settings whose default is None (split_params.scale) survive to_dict -> from_dict (run workers do this)."""
-    from pflrepro.config import RunConfig
+    from pflrepro.federation.config import RunConfig
     cfg = RunConfig.from_dict({"split": "global_test_by_proportion"})
     assert cfg.split_params["scale"] is None
     assert RunConfig.from_dict(cfg.to_dict()) == cfg

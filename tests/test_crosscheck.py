@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from pflrepro.runs import REPO_ROOT
+from pflrepro.paths import REPO_ROOT
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from pflrepro.data import SPECS, DatasetUnavailable, load_dataset
+from pflrepro.data.datasets import SPECS, DatasetUnavailable, load_dataset
 from tests.conftest import FMNIST_AVAILABLE
 
 
@@ -62,7 +62,7 @@ def test_inaturalist_loader_reads_the_coco_files_resizes_and_caches(tmp_path, mo
     import numpy as np
     from PIL import Image
 
-    from pflrepro import data
+    from pflrepro.data import datasets as data
     root = tmp_path / "inaturalist"
     (root / "train_val_images" / "Aves").mkdir(parents=True)
     specs = {"train2017.json": [(7, (12, 8), 2), (3, (8, 8), 0)], "val2017.json": [(5, (8, 16), 1)]}
@@ -102,7 +102,7 @@ def test_leaf_femnist_loader_keeps_letters_a_to_j_and_makes_ink_bright(tmp_path,
     as 0-9, every other label dropped, pixels inverted to EMNIST's dark background and scaled to uint8."""
     import json
 
-    from pflrepro import data
+    from pflrepro.data import datasets as data
     white = [1.0] * 784
     ink = [1.0] * 783 + [0.0]                       # one black pixel, last
     for half, users in {"train": {"u1": ([white, ink, white], [36, 45, 5]), "u2": ([ink], [40])},

@@ -10,11 +10,19 @@ from torch import nn
 from pflrepro.algorithms.dcpfl import DCPFL
 from pflrepro.algorithms.fedgh import FedGH
 from pflrepro.algorithms.fedproto import FedProto
-from pflrepro.algorithms.stats import (alignment_loss, class_stats, pool_class, pool_means, sample_gaussian,
-                                       train_head_on_means, virtual_counts)
-from pflrepro.config import RunConfig
-from pflrepro.models import SplitModel
-from pflrepro.runs import build_context, run
+from pflrepro.algorithms.stats import (
+    alignment_loss,
+    class_stats,
+    pool_class,
+    pool_means,
+    sample_gaussian,
+    train_head_on_means,
+    virtual_counts,
+)
+from pflrepro.data.models import SplitModel
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline.store import run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")

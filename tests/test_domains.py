@@ -6,12 +6,14 @@ import pytest
 import torch
 
 from pflrepro.algorithms import ALGORITHMS
-from pflrepro.config import RunConfig
-from pflrepro.data import SPECS, DatasetUnavailable, fmnist_domain_transform, load_dataset
-from pflrepro.engine import TrainStats, clone_state
-from pflrepro.models import bn_names
-from pflrepro.partition import by_domain, domain_test
-from pflrepro.runs import build_context, build_partition, run
+from pflrepro.core.aggregation import clone_state
+from pflrepro.core.training import TrainStats
+from pflrepro.data.datasets import SPECS, DatasetUnavailable, fmnist_domain_transform, load_dataset
+from pflrepro.data.models import bn_names
+from pflrepro.data.partition import by_domain, domain_test
+from pflrepro.federation.build import build_context, build_partition
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline.store import run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -66,7 +68,7 @@ def test_by_domain_on_a_single_domain_dataset_fails_clearly():
 
 
 def test_domain_test_needs_the_train_pool():
-    from pflrepro.config import ConfigError
+    from pflrepro.params import ConfigError
     with pytest.raises(ConfigError, match="pool='train'"):
         RunConfig.from_dict(small_cfg(dataset="fake-digits", partition="by_domain", split="domain_test",
                                       split_params={}, n_clients=5, pool="train+test"))

@@ -4,9 +4,11 @@ import pytest
 import torch
 from torch import nn
 
-from pflrepro.config import RunConfig
-from pflrepro.engine import (Divergence, derive_seed, local_train, plain_average, sample_clients, select_keys,
-                             state_bytes, weighted_average)
+from pflrepro.core.aggregation import plain_average, select_keys, state_bytes, weighted_average
+from pflrepro.core.schedule import sample_clients
+from pflrepro.core.seeds import derive_seed
+from pflrepro.core.training import Divergence, local_train
+from pflrepro.federation.config import RunConfig
 
 
 def test_weighted_average_hand_computed():

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from pflrepro import experiments
-from pflrepro.runs import REPO_ROOT
+from pflrepro.paths import REPO_ROOT
+from pflrepro.pipeline import experiments
 
 
 def _script(name: str):

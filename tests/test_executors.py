@@ -1,4 +1,4 @@
-"""Executors (pflrepro.executors): a grid on a real two-node Ray cluster gives the local executor's bits, survives a
+"""Executors (pflrepro.pipeline.executors): a grid on a real two-node Ray cluster gives the local executor's bits, survives a
 node killed mid-grid, and leaves a clean store; two drivers on one store train each run once."""
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pflrepro import executors, experiments
-from pflrepro.config import ConfigError, RunConfig
-from pflrepro.runs import read_metrics, run_dir
+from pflrepro.federation.config import RunConfig
+from pflrepro.params import ConfigError
+from pflrepro.pipeline import executors, experiments
+from pflrepro.pipeline.store import read_metrics, run_dir
 
 from .conftest import FMNIST_AVAILABLE, MANY_PROCESSES, RAY_ALONE, small_cfg
 
@@ -117,9 +118,9 @@ def test_a_run_no_node_can_hold_fails_up_front(cluster, tmp_path):
 DRIVER = """
 import json, sys
 sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
-import pflrepro.runs as R
-from pflrepro import experiments
-from pflrepro.config import RunConfig
+import pflrepro.pipeline.store as R
+from pflrepro.pipeline import experiments
+from pflrepro.federation.config import RunConfig
 from conftest import small_cfg
 real = R.run
 def counting(cfg, **kw):
@@ -127,7 +128,7 @@ def counting(cfg, **kw):
         with open({log!r}, "a") as f:
             f.write(R.run_dir(cfg, kw.get("root")).name + "\\n")
     return real(cfg, **kw)
-R.run = counting       # parallel.train_all imports runs.run when it is called: this driver's trainings are logged
+R.run = counting       # parallel.train_all imports store.run when it is called: this driver's trainings are logged
 grid = {{(a, "s", s): RunConfig.from_dict(small_cfg(algorithm=a, seed=s, rounds=2, subsample=0.02))
         for a in ("fedavg", "fedper") for s in (0, 1)}}
 experiments.run_grid(grid, root={store!r}, progress=False, jobs=1)
@@ -165,7 +166,7 @@ def test_a_claim_excludes_a_second_holder_until_released(tmp_path):
 def test_a_claim_dies_with_its_holder(tmp_path):
     p = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", (
-        f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from pflrepro.executors import Claims\n"
+        f"import sys, time; sys.path.insert(0, {str(ROOT)!r}); from pflrepro.pipeline.executors import Claims\n"
         f"c = Claims([__import__('pathlib').Path({str(p)!r})]); print(len(c.mine), flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "1"

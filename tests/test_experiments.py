@@ -3,8 +3,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pflrepro import experiments, report
-from pflrepro.config import ConfigError
+from pflrepro.params import ConfigError
+from pflrepro.pipeline import experiments
+from pflrepro.reporting import tables as report
 from tests.conftest import FMNIST_AVAILABLE
 
 
@@ -115,13 +116,14 @@ def test_misspelt_file_keys_and_metrics_stop_before_any_run(params_dir):
 def test_a_grid_needing_a_missing_dataset_stops_before_its_first_run(tmp_path, monkeypatch, store):
     """A paper grid whose later rows need CIFAR-10 (absent here) trained its Fashion-MNIST rows for hours before
     failing: the local executor loads every dataset the runs read before training any of them."""
-    from pflrepro import data, executors
-    from pflrepro.config import RunConfig
+    from pflrepro.data import datasets as data
+    from pflrepro.federation.config import RunConfig
+    from pflrepro.pipeline import executors
     monkeypatch.setenv("PFLREPRO_DATA", str(tmp_path / "no-data"))
     fm = RunConfig.from_dict({"dataset": "fmnist", "subsample": 0.01, "n_clients": 2, "rounds": 1})
     cifar = fm.replace(dataset="cifar10")
     trained = []
-    monkeypatch.setattr("pflrepro.parallel.train_all", lambda configs, *a, **k: trained.extend(configs))
+    monkeypatch.setattr("pflrepro.pipeline.parallel.train_all", lambda configs, *a, **k: trained.extend(configs))
     with pytest.raises(data.DatasetUnavailable, match="cifar10"):
         executors.LocalExecutor(1).train_all([fm, cifar], tmp_path / "runs")
     assert trained == []
@@ -152,7 +154,7 @@ def test_paper_setting_strips_dataset_prefix():
 
 
 def test_switching_partition_rule_drops_the_other_rules_params():
-    from pflrepro.experiments import merge_run
+    from pflrepro.pipeline.experiments import merge_run
     base = {"partition": "balanced_dirichlet", "partition_params": {"alpha": 0.1}, "split_params": {"fractions": [0.8, 0.2]}}
     got = merge_run(base, {"partition": "shards", "partition_params": {"s": 2}})
     assert got["partition_params"] == {"s": 2} and got["split_params"] == {"fractions": [0.8, 0.2]}

@@ -9,9 +9,12 @@ from torch import nn
 from pflrepro.algorithms import ALGORITHMS
 from pflrepro.algorithms.base import Update
 from pflrepro.algorithms.fedgen import FedGen, diversity_loss, fedgen_loss, teacher_loss
-from pflrepro.config import RunConfig
-from pflrepro.engine import ModelView, train_one, weighted_average
-from pflrepro.runs import build_context, run
+from pflrepro.core.aggregation import weighted_average
+from pflrepro.core.context import train_one
+from pflrepro.core.training import ModelView
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline.store import run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 

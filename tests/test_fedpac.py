@@ -6,8 +6,9 @@ import torch
 
 from pflrepro.algorithms import ALGORITHMS
 from pflrepro.algorithms.fedpac import combination_weights, feature_statistics
-from pflrepro.config import RunConfig
-from pflrepro.runs import build_context, run
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline.store import run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 

@@ -14,9 +14,12 @@ from pflrepro.algorithms.base import Update
 from pflrepro.algorithms.ditto import Ditto
 from pflrepro.algorithms.scaffold import Scaffold
 from pflrepro.algorithms.server_opt import FedAvgM, FedDyn
-from pflrepro.config import RunConfig
-from pflrepro.engine import ModelView, run_rounds, state_bytes
-from pflrepro.runs import WALL_COLUMNS, build_context, run
+from pflrepro.core.aggregation import state_bytes
+from pflrepro.core.loop import run_rounds
+from pflrepro.core.training import ModelView
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline.store import WALL_COLUMNS, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")

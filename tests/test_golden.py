@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pflrepro.runs import run
+from pflrepro.pipeline.store import run
 from tests.conftest import FMNIST_AVAILABLE
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "metrics_b369e49.json").read_text())

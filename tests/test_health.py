@@ -1,4 +1,4 @@
-"""pflrepro.health: the run-health rules on hand-made loss and accuracy histories, and the columns
+"""pflrepro.reporting.health: the run-health rules on hand-made loss and accuracy histories, and the columns
 report.tidy writes into every notebook's runs.csv."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pflrepro import health, report
-from pflrepro.runs import summarise
+from pflrepro.pipeline.store import summarise
+from pflrepro.reporting import health
+from pflrepro.reporting import tables as report
 
 
 def test_loss_spike_is_against_the_lowest_earlier_round():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-from pflrepro.runs import REPO_ROOT
+from pflrepro.paths import REPO_ROOT
 
 CONFIG = REPO_ROOT / "scripts" / "jupyter_server_config.py"
 

@@ -11,8 +11,8 @@ from pflrepro.algorithms.base import Update
 from pflrepro.algorithms.fd import FD, distill_targets, per_class_average, pool_class_averages
 from pflrepro.algorithms.fedkd import FedKD, adaptive_mutual_loss, adaptive_weight, svd_compress
 from pflrepro.algorithms.fml import Pair, mutual_loss
-from pflrepro.models import build_model
-from pflrepro.runs import run
+from pflrepro.data.models import build_model
+from pflrepro.pipeline.store import run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")

@@ -7,8 +7,9 @@ from torch import nn
 
 from pflrepro.algorithms import ALGORITHMS
 from pflrepro.algorithms.apfl import Mixture, apfl_loss
-from pflrepro.config import RunConfig
-from pflrepro.runs import build_context, read_metrics, run
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline.store import run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")

@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from pflrepro.models import (
+from pflrepro.data.models import (
     MODELS,
     SplitModel,
-    body_param_names,
     bn_names,
+    body_param_names,
     build_model,
     count_params,
     head_param_names,

@@ -15,7 +15,7 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from pflrepro.runs import REPO_ROOT
+from pflrepro.paths import REPO_ROOT
 
 from .conftest import FMNIST_AVAILABLE
 
@@ -55,7 +55,7 @@ def test_papermill_reads_every_parameter(name, capsys):
 def shared_store(tmp_path_factory):
     """One run store for all notebooks, whichever xdist worker renders them (as `dvc repro` shares results/runs):
     Tables 4, 5 and Figs. 6, 7 render Table 2's runs without training them again. A run another worker is training
-    is claimed in the store, so this one waits for it (pflrepro.executors.Claims) instead of training it twice."""
+    is claimed in the store, so this one waits for it (pflrepro.pipeline.executors.Claims) instead of training it twice."""
     base = tmp_path_factory.getbasetemp()
     # under xdist each worker's basetemp is pytest-N/popen-gwN/: the store goes in pytest-N/, which both share
     store = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "notebook-runs"
@@ -106,8 +106,8 @@ def test_a_papermill_parameter_the_notebook_does_not_declare_stops_it():
     """`papermill ... -p profle smoke` only printed "Passed unknown parameter" and ran the default profile (issue 16):
     the notebook stops, naming the parameter, from the kernel's input history (its own parameters cell declares,
     papermill's injected "# Parameters" cell sets). Interactive use (no injected cell) is never checked."""
-    from pflrepro.config import ConfigError
-    from pflrepro.notebook import check_injected_parameters
+    from pflrepro.params import ConfigError
+    from pflrepro.reporting.notebook import check_injected_parameters
     own = _code_cells("pfedsd_table2")[0]
     assert own.startswith("# Parameters (")
     check_injected_parameters(["", own, '# Parameters\nprofile = "smoke"\nout_dir = "x"\n', "E = 1"])   # declared

@@ -2,7 +2,7 @@
 against a table of the settings stated in pFedSD Sec. 4.1 (and, where a table restates them, its caption)."""
 import pytest
 
-from pflrepro import experiments
+from pflrepro.pipeline import experiments
 
 # Sec. 4.1: "We set the learning rate as 0.01 for all methods. We adopt the SGD optimizer with weight decay
 # 1e-5 and momentum 0.9 ... The training batch size on all the tasks is B = 64." "Participating clients execute

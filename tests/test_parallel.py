@@ -1,4 +1,4 @@
-"""Runs side by side (pflrepro.parallel): same bits as one after another, resumable, clear failures."""
+"""Runs side by side (pflrepro.pipeline.parallel): same bits as one after another, resumable, clear failures."""
 from __future__ import annotations
 
 import os
@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pflrepro import experiments, parallel
-from pflrepro.config import ConfigError, RunConfig
-from pflrepro.runs import read_metrics, run, run_dir
+from pflrepro.federation.config import RunConfig
+from pflrepro.params import ConfigError
+from pflrepro.pipeline import experiments, parallel
+from pflrepro.pipeline.store import read_metrics, run, run_dir
 
 from .conftest import FMNIST_AVAILABLE, MANY_PROCESSES, small_cfg
 
@@ -156,7 +157,7 @@ def test_a_worker_does_not_outlive_its_parent(tmp_path):
     """A `train` process killed outright (SIGKILL: no handler runs) must not leave its run worker training on.
     A busy worker never reads its stdin, so the end of that pipe cannot stop it; here a grandchild (`sleep`)
     holds the pipe open in its place, so only the parent-death signal can end the worker."""
-    code = ("import os, signal, subprocess, time\nfrom pflrepro.parallel import Worker\nw = Worker(1)\n"
+    code = ("import os, signal, subprocess, time\nfrom pflrepro.pipeline.parallel import Worker\nw = Worker(1)\n"
             "os.set_inheritable(w.proc.stdin.fileno(), True)\n"
             "holder = subprocess.Popen(['sleep', '60'], close_fds=False)\n"
             "print(w.proc.pid, holder.pid, flush=True)\ntime.sleep(3)\nos.kill(os.getpid(), signal.SIGKILL)\n")
@@ -195,7 +196,7 @@ def test_ctrl_c_stops_a_grid_and_its_workers_promptly_keeping_checkpoints(tmp_pa
     checkpoints to resume from."""
     root = tmp_path / "store"
     code = ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "from pflrepro import experiments\nfrom pflrepro.config import RunConfig\nfrom tests.conftest import small_cfg\n"
+            "from pflrepro.pipeline import experiments\nfrom pflrepro.federation.config import RunConfig\nfrom tests.conftest import small_cfg\n"
             "grid = {('fedavg', 's', s): RunConfig.from_dict(small_cfg(seed=s, rounds=500, subsample=0.02)) "
             "for s in (0, 1)}\n"
             f"experiments.run_grid(grid, root={str(root)!r}, progress=False, jobs=2)\n")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from pflrepro import partition as P
+from pflrepro.data import partition as P
 
 # 10 classes x 200 samples in random dataset order
 _rs = np.random.RandomState(123)

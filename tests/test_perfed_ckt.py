@@ -8,8 +8,10 @@ import torch
 from torch import nn
 
 from pflrepro.algorithms.perfed_ckt import codistillation_loss, kmeans_centroids, nearest_centroid, soft_decisions
-from pflrepro.config import ConfigError, RunConfig
-from pflrepro.runs import build_partition, public_indices, run
+from pflrepro.federation.build import build_partition, public_indices
+from pflrepro.federation.config import RunConfig
+from pflrepro.params import ConfigError
+from pflrepro.pipeline.store import run
 
 from .conftest import FMNIST_AVAILABLE, small_cfg
 
@@ -90,8 +92,8 @@ def test_public_set_is_disjoint_from_every_client_and_test_sample():
     assert not np.intersect1d(pub, used).size
     assert np.array_equal(pub, public_indices(cfg, split))            # deterministic
     test_half = RunConfig.from_dict(_ckt(public={"size": 50, "split": "test"}))
-    from pflrepro.runs import _gm_test_keep, _raw
-    assert not np.intersect1d(public_indices(test_half), _gm_test_keep(test_half, _raw("fmnist"))).size
+    from pflrepro.federation.build import _gm_test_keep, raw_dataset
+    assert not np.intersect1d(public_indices(test_half), _gm_test_keep(test_half, raw_dataset("fmnist"))).size
     with pytest.raises(ValueError, match="only .* samples of fmnist/test are left"):
         public_indices(RunConfig.from_dict(_ckt(subsample=1.0, public={"size": 50, "split": "test"})))
 

@@ -1,8 +1,8 @@
-"""PERFED-CKT toy example (Fig. 1, App. E) and Theorem 4.2 (eq. 16, App. B): pflrepro.toy."""
+"""PERFED-CKT toy example (Fig. 1, App. E) and Theorem 4.2 (eq. 16, App. B): pflrepro.papers.toy."""
 import numpy as np
 import pytest
 
-from pflrepro import toy
+from pflrepro.papers import toy
 
 
 def _hand_problem(P):

@@ -9,9 +9,12 @@ from torch import nn
 
 from pflrepro import algorithms
 from pflrepro.algorithms.perfedavg import PerFedAvg
-from pflrepro.config import RunConfig
-from pflrepro.engine import Context, derive_seed, run_rounds
-from pflrepro.runs import WALL_COLUMNS, build_context, run
+from pflrepro.core.context import Context
+from pflrepro.core.loop import run_rounds
+from pflrepro.core.seeds import derive_seed
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline.store import WALL_COLUMNS, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")

@@ -12,9 +12,10 @@ from pflrepro.algorithms import ALGORITHMS
 from pflrepro.algorithms.base import Update
 from pflrepro.algorithms.fedfomo import FedFomo, epsilon, fomo_update, fomo_weights, val_loss
 from pflrepro.algorithms.pfedme import PFedMe
-from pflrepro.config import RunConfig
-from pflrepro.engine import clone_state, state_bytes
-from pflrepro.runs import build_context, run
+from pflrepro.core.aggregation import clone_state, state_bytes
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline.store import run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -264,13 +265,12 @@ def test_baselines_learn_on_pathological_fmnist(store, algorithm, subsample):
 
 @needs_fmnist
 def test_cost_bytes_are_the_steady_rounds_not_the_warm_up():
-    """Table 11's bytes per client and round (pflrepro.cost.measure): FedAvg one model down and one up; FedFomo
+    """Table 11's bytes per client and round (pflrepro.pipeline.cost.measure): FedAvg one model down and one up; FedFomo
     M models down, one model and M float32 weights up once every client has uploaded. Round 1, when FedFomo
     has nothing to download, is warm-up (it made FedFomo's bytes 4.33 models instead of 6 at mini)."""
+    from pflrepro.federation.config import RunConfig
+    from pflrepro.pipeline.cost import measure
     from tests.conftest import small_cfg
-
-    from pflrepro.config import RunConfig
-    from pflrepro.cost import measure
     cfg = RunConfig.from_dict(small_cfg(n_clients=4, subsample=0.02, rounds=2, split="random",
                                         split_params={"fractions": [0.75, 0.25]}))
     avg = measure(cfg)

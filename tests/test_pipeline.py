@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pflrepro import experiments
-from pflrepro.runs import REPO_ROOT, build_partition, run
+from pflrepro.federation.build import build_partition
+from pflrepro.paths import REPO_ROOT
+from pflrepro.pipeline import experiments
+from pflrepro.pipeline.store import run
 from tests.conftest import FMNIST_AVAILABLE
 
 PARAM_FILES = sorted(p.stem for p in (REPO_ROOT / "params").glob("*.yaml"))
@@ -101,8 +103,8 @@ def test_paper_partition_builds_on_standin(cfg):
 @pytest.mark.parametrize("cfg", _distinct(lambda c: (c.dataset, c.model, tuple(c.models or ()))))
 def test_paper_models_run_on_standin_shapes(cfg):
     """Every (dataset, architecture) pair of the paper profiles: a stand-in batch gives one logit per class."""
-    from pflrepro.data import load_dataset
-    from pflrepro.models import build_model
+    from pflrepro.data.datasets import load_dataset
+    from pflrepro.data.models import build_model
     raw = load_dataset(f"fake-{cfg.dataset}")
     x = raw.x_train[:4].float()
     for name in (cfg.model, *(cfg.models or ())):
@@ -146,7 +148,7 @@ _STARTED_IN_CI = {"pfedsd_common:pfedme:default", "scd_common:scd:default:resnet
 
 
 def _classes(cfg) -> int:
-    from pflrepro.data import SPECS
+    from pflrepro.data.datasets import SPECS
     return SPECS[cfg.dataset].num_classes
 
 
@@ -155,10 +157,10 @@ def cut_test_sets(monkeypatch):
     """Stand-ins whose global test set is cut to 2% (at least 2 per class of up to 100 classes): evaluating 20 personal
     ResNets on CIFAR's 10,000 test images took 200 of a start case's 250 seconds; iNaturalist's training half
     is cut to 600 images too (its 10,178 through ResNet-50 took 110 s)."""
-    from pflrepro import runs
-    from pflrepro.data import RawDataset
+    from pflrepro.data.datasets import RawDataset
+    from pflrepro.federation import build
 
-    real = runs._raw
+    real = build.raw_dataset
 
     def cut(name):
         raw = real(name)
@@ -173,7 +175,7 @@ def cut_test_sets(monkeypatch):
         import torch
         keep = torch.randperm(len(raw.y_test), generator=torch.Generator().manual_seed(0))[:n].sort().values
         return dataclasses.replace(raw, x_test=raw.x_test[keep], y_test=raw.y_test[keep], d_test=raw.d_test[keep])   # every domain keeps some
-    monkeypatch.setattr(runs, "_raw", cut)
+    monkeypatch.setattr(build, "raw_dataset", cut)
 
 
 @pytest.mark.parametrize("cfg", _start_cases())

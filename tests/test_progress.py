@@ -3,9 +3,9 @@ import io
 
 import pytest
 
-from pflrepro import experiments
-from pflrepro.config import RunConfig
-from pflrepro.progress import HEARTBEAT, GridLog, Heartbeat, read_round
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline import experiments
+from pflrepro.pipeline.progress import HEARTBEAT, GridLog, Heartbeat, read_round
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 import yaml
 
-from pflrepro.runs import REPO_ROOT
+from pflrepro.paths import REPO_ROOT
 from tests.conftest import FMNIST_AVAILABLE, RAY_ALONE
 
 README = (REPO_ROOT / "README.md").read_text()

@@ -9,9 +9,12 @@ import torch
 from pflrepro.algorithms import ALGORITHMS
 from pflrepro.algorithms.fedbsd import feature_kd
 from pflrepro.algorithms.fedrod import RoD, bsm_loss, rod_losses
-from pflrepro.config import RunConfig
-from pflrepro.engine import Then, clone_state, run_rounds
-from pflrepro.runs import WALL_COLUMNS, build_context, run
+from pflrepro.core.aggregation import clone_state
+from pflrepro.core.context import Then
+from pflrepro.core.loop import run_rounds
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.pipeline.store import WALL_COLUMNS, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -193,7 +196,7 @@ def test_balanced_softmax_hand_computed():
 
 def test_fedrod_losses_reach_disjoint_parameters():
     torch.manual_seed(0)
-    from pflrepro.models import build_model
+    from pflrepro.data.models import build_model
     net, phead = build_model("cnn_cifar10", 1, 3, 28), torch.nn.Linear(84, 3)
     pair = RoD(net, phead)
     x, y = torch.randn(5, 1, 28, 28), torch.tensor([0, 1, 1, 0, 1])

@@ -1,4 +1,4 @@
-"""pflrepro.replication: the one report, on a hand-made results tree (two stages of a fake paper, one
+"""pflrepro.reporting.replication: the one report, on a hand-made results tree (two stages of a fake paper, one
 planned stage without outputs, a stage of a paper without a claims file) and a fake claims file."""
 from __future__ import annotations
 
@@ -15,8 +15,11 @@ import yaml
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from pflrepro import claims, replication  # noqa: E402
 from pflrepro.__main__ import main  # noqa: E402
+from pflrepro.reporting import (
+    claims,
+    replication,  # noqa: E402
+)
 
 GIT = {"commit": "abcdef0123456789", "dirty": False}
 CLAIMS = {"paper": "fake", "min_gap": 1.0, "planned_stages": ["fake_table3"],
@@ -153,7 +156,7 @@ def test_cli(tree, capsys):
 
 
 def test_readme_block_gets_the_summary_and_its_stamp():
-    from pflrepro.replication import README_END, README_START, readme_with_summary
+    from pflrepro.reporting.replication import README_END, README_START, readme_with_summary
     row = {"paper": "x", "title": "Paper X", "profile": "mini", "stages": "2 of 2", "holds": 3, "fails": 1,
            "undecided": 2, "not run": 0, "compute_s": 65.0, "note": ""}
     text = f"# R\n\nintro\n{README_START}\nold table\n{README_END}\nafter\n"

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pflrepro import report
+from pflrepro.reporting import tables as report
 
 
 def _runs():
@@ -99,13 +99,14 @@ def test_single_seed_has_no_std_rather_than_zero():
 
 def _fake_run(history, dataset="fmnist"):
     from types import SimpleNamespace
-    from pflrepro.runs import summarise
+
+    from pflrepro.pipeline.store import summarise
     return SimpleNamespace(config=SimpleNamespace(dataset=dataset), history=history, summary=summarise(history),
                            provenance={"wall_seconds": 1.0}, path=Path("run"))
 
 
 def test_compare_metrics_gm_pm_and_paper_rows_not_run():
-    from pflrepro.report import compare_metrics
+    from pflrepro.reporting.tables import compare_metrics
     h = [{"round": 1, "gm_acc": 0.5, "pm_acc_weighted": 0.7, "pm_acc_mean": 0.7, "pm_acc_std": 0.0, "pm_acc_min": 0.7}]
     results = {("scd", "alpha=1", 0): _fake_run(h)}
     paper = pd.DataFrame({"setting": ["alpha=1"] * 4, "method": ["scd", "scd", "fedgen", "fedgen"],
@@ -120,7 +121,7 @@ def test_compare_metrics_gm_pm_and_paper_rows_not_run():
 
 
 def test_times_to_targets_and_speedups_hand_computed():
-    from pflrepro.report import speedups, times_to_targets
+    from pflrepro.reporting.tables import speedups, times_to_targets
 
     def hist(accs, step_cw, step_wf):
         return [{"round": i + 1, "gm_acc": a, "pm_acc_weighted": a, "pm_acc_mean": a, "pm_acc_std": 0.0, "pm_acc_min": a,

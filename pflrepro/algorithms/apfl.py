@@ -19,8 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import Param
-from ..engine import TrainStats, clone_state
+from ..core.aggregation import clone_state
+from ..core.training import TrainStats
+from ..params import Param
 from .base import Algorithm
 
 

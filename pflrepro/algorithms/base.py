@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..config import Param, check_params
-from ..engine import Context, Plan, ce_loss, clone_state, plain_average, state_bytes, train_chain, weighted_average
+from ..core.aggregation import clone_state, plain_average, state_bytes, weighted_average
+from ..core.context import Context, Plan, train_chain
+from ..core.training import ce_loss
+from ..params import Param, check_params
 
 
 @dataclass
@@ -23,7 +25,7 @@ class Update:
     payload: dict = field(default_factory=dict)   # tensors uploaded (params or statistics)
     loss: float = float("nan")
     samples: int = 0                   # samples processed (for FLOPs accounting)
-    overlap_samples: int = 0           # of which PM-phase samples, trained after the GM (pflrepro.clock: only
+    overlap_samples: int = 0           # of which PM-phase samples, trained after the GM (pflrepro.core.clock: only
     #                                    wait-free overlaps them with communication)
     bytes_up: int = 0
     bytes_down: int = 0
@@ -41,7 +43,7 @@ class Algorithm:
     @classmethod
     def relative_cost(cls, hparams: dict) -> float:
         """Compute per local sample relative to FedAvg; only orders a grid's runs (longest first) and weighs the
-        progress estimate (pflrepro.parallel.work)."""
+        progress estimate (pflrepro.pipeline.parallel.work)."""
         return 1.0
 
     @classmethod
@@ -65,7 +67,7 @@ class Algorithm:
     # ---- client side
     # The client step is plan -> train -> finish. `plan` says what to train (start state, loss term,
     # trainable parameters, the client's tensors the loss needs), as data; the engine trains it, per
-    # client (`Context.train_plan`) or together with other clients (`pflrepro.batched`); `finish`
+    # client (`Context.train_plan`) or together with other clients (`pflrepro.core.batched`); `finish`
     # turns the trained state into the message and the new client state. Algorithms that override
     # `client_update` itself keep working, client by client.
     def loss(self, rnd: int, k: int, server: dict, cstate: dict | None):
@@ -87,8 +89,14 @@ class Algorithm:
 
     def finish(self, rnd: int, k: int, server: dict, cstate: dict | None, state: dict, stats) -> tuple[Update, dict | None]:
         """Message and new client state from the trained `state` (a state dict that the engine
-        reuses afterwards: clone what is kept); or `engine.Then(plan, done)` to train once more first."""
+        reuses afterwards: clone what is kept); or `context.Then(plan, done)` to train once more first."""
         return self.upload(k, state, stats, server), None
+
+    @property
+    def uses_plans(self) -> bool:
+        """True when the client step is plan -> train -> finish (`client_update` not overridden): the batched
+        engine (pflrepro.core.batched) can then train this algorithm's clients together."""
+        return type(self).client_update is Algorithm.client_update
 
     def client_update(self, rnd: int, k: int, server: dict, cstate: dict | None) -> tuple[Update, dict | None]:
         return train_chain(self.ctx, k, rnd, self.plan(rnd, k, server, cstate),

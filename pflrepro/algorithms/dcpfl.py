@@ -19,11 +19,21 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Param
-from ..engine import derive_seed, local_train, state_bytes
+from ..core.aggregation import state_bytes
+from ..core.seeds import derive_seed
+from ..core.training import local_train
+from ..params import Param
 from .fedgh import FedGH
-from .stats import (aligned_ce, carry_targets, pool_class, pool_means, sample_gaussian, targets_bytes,
-                    train_head_on_means, virtual_counts)
+from .stats import (
+    aligned_ce,
+    carry_targets,
+    pool_class,
+    pool_means,
+    sample_gaussian,
+    targets_bytes,
+    train_head_on_means,
+    virtual_counts,
+)
 
 
 class DCPFL(FedGH):

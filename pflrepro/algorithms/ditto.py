@@ -7,15 +7,17 @@ Algorithm 1, per selected client k in round t, which receives the global model w
     step v <- v - eta (grad F_k(v) + lam (v - w^t)), anchored at the w^t the client RECEIVED this round.
 v_k starts from the common initial weights (the code initialises local models like the global one) and
 is kept per client. Order within a round: GM first, then PM (SCD's "compute-and-wait" protocol); the GM
-is batchable (`plan`), and so is the PM, which `finish` answers as a second plan (`engine.Then`) with its
+is batchable (`plan`), and so is the PM, which `finish` answers as a second plan (`context.Then`) with its
 own data order (purpose 3). `personal_plan`/`then_personal` are the reusable "then train the PM" step
 (SCD trains GM then PM too).
 """
 from __future__ import annotations
 
-from ..clock import steps_per_epochs
-from ..config import Param
-from ..engine import Plan, Then, batchable, ce_loss, clone_state
+from ..core.aggregation import clone_state
+from ..core.clock import steps_per_epochs
+from ..core.context import Plan, Then
+from ..core.training import batchable, ce_loss
+from ..params import Param
 from .base import Algorithm
 
 
@@ -55,10 +57,10 @@ class Ditto(Algorithm):
     @staticmethod
     def then_personal(up, plan: Plan) -> Then:
         """Train the PM `plan` after the GM (the engine batches all clients' PM plans), then reply `up`, its
-        samples counted as PM-phase samples (pflrepro.clock), and keep the trained PM as the client state."""
+        samples counted as PM-phase samples (pflrepro.core.clock), and keep the trained PM as the client state."""
         def done(state, pstats):
             up.samples += pstats.samples
-            up.overlap_samples = pstats.samples           # the PM phase, after the GM (pflrepro.clock)
+            up.overlap_samples = pstats.samples           # the PM phase, after the GM (pflrepro.core.clock)
             return up, {"params": clone_state(state)}
         return Then(plan, done)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..config import Param
-from ..engine import clone_state, state_bytes
+from ..core.aggregation import clone_state, state_bytes
+from ..params import Param
 from .base import Algorithm, Update
 
 

@@ -17,9 +17,10 @@ GM (`gm`): `global` = the global model itself (body + initial head, FedBABU's "i
 """
 from __future__ import annotations
 
-from ..config import Param
-from ..engine import Plan, clone_state, plain_average
-from ..models import head_param_names
+from ..core.aggregation import clone_state, plain_average
+from ..core.context import Plan
+from ..data.models import head_param_names
+from ..params import Param
 from .base import Algorithm
 
 

@@ -12,8 +12,9 @@ layers are never aggregated), so the GM accuracy is that of the averaged persona
 """
 from __future__ import annotations
 
-from ..engine import Plan, clone_state, plain_average
-from ..models import bn_names
+from ..core.aggregation import clone_state, plain_average
+from ..core.context import Plan
+from ..data.models import bn_names
 from .base import Algorithm
 
 

@@ -17,7 +17,7 @@ Our copy of the paper lost its equations and values: a = 0.5 is its "equal contr
 (Hinton et al.'s convention, as pFedSD's code), where the student starts and the teacher's mode are
 documented choices (docs/fidelity.md "FedBSD") and hyperparameters here.
 The backbone phase runs client by client inside `finish` (FedRep's body phase is a second plan the
-engine batches, `engine.Then`; this one is not): its loss reads the backbone's features through the
+engine batches, `context.Then`; this one is not): its loss reads the backbone's features through the
 module, which a batched loss term (`engine.ModelView`) does not see.
 Real-world experiments (Fig. 3) keep every BatchNorm layer on the client ("we adopt this exclusion BN strategy
 in our approach FedBSD", FedBN's): `local_bn=True` trains BN layers with the backbone but neither uploads nor
@@ -29,9 +29,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..config import Param
-from ..engine import Plan, TrainStats
-from ..models import bn_names
+from ..core.context import Plan
+from ..core.training import TrainStats
+from ..data.models import bn_names
+from ..params import Param
 from .fedrep import FedRep
 
 

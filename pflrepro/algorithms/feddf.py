@@ -37,8 +37,10 @@ import zlib
 import torch
 import torch.nn.functional as F
 
-from ..config import Param, check_params
-from ..engine import clone_state, derive_seed, outputs, weighted_average
+from ..core.aggregation import clone_state, weighted_average
+from ..core.seeds import derive_seed
+from ..core.training import outputs
+from ..params import Param, check_params
 from .base import Algorithm
 
 

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import Param
-from ..engine import derive_seed, plain_average, state_bytes
+from ..core.aggregation import plain_average, state_bytes
+from ..core.seeds import derive_seed
+from ..params import Param
 from .base import Algorithm
 
 PICK, HOLDOUT = 0xF0, 0xF1  # derive_seed purposes: epsilon-greedy draw, validation hold-out

@@ -19,8 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import Param, check_params
-from ..engine import Plan, batchable, clone_state, derive_seed, state_bytes
+from ..core.aggregation import clone_state, state_bytes
+from ..core.context import Plan
+from ..core.seeds import derive_seed
+from ..core.training import batchable
+from ..params import Param, check_params
 from .base import Algorithm
 
 
@@ -63,9 +66,9 @@ def fedgen_loss(m, x, y, aux):
 @functools.lru_cache(maxsize=16)
 def _dims(model: str, dataset: str) -> tuple:
     """(feature dim, classes, forward FLOPs of one image) of a registry model on a dataset."""
-    from ..clock import model_forward_flops
-    from ..data import SPECS
-    from ..models import build_model
+    from ..core.clock import model_forward_flops
+    from ..data.datasets import SPECS
+    from ..data.models import build_model
     s = SPECS[dataset]
     with torch.random.fork_rng(devices=[]):
         d = build_model(model, s.channels, s.num_classes, s.size).head.in_features

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..config import Param
-from ..engine import Context, clone_state, plain_average, state_bytes
+from ..core.aggregation import clone_state, plain_average, state_bytes
+from ..core.context import Context
+from ..params import Param
 from .base import Algorithm, Update
 from .stats import class_stats, features, train_head_on_means
 

@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import Param
-from ..engine import clone_state, derive_seed, plain_average, state_bytes, weighted_average
+from ..core.aggregation import clone_state, plain_average, state_bytes, weighted_average
+from ..core.seeds import derive_seed
+from ..params import Param
 from .base import Update
 from .fml import Pair, SharedModelAlgorithm, shared_model_param
 from .pfedsd import kd_kl

@@ -23,8 +23,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config import Param
-from ..engine import TrainStats, clone_state, plain_average, state_bytes, weighted_average
+from ..core.aggregation import clone_state, plain_average, state_bytes, weighted_average
+from ..core.training import TrainStats
+from ..params import Param
 from .base import Update
 from .partial import FedPer
 from .stats import aligned_ce, class_stats, features, pool_means, targets_bytes

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import Param
-from ..engine import clone_state, plain_average, state_bytes
+from ..core.aggregation import clone_state, plain_average, state_bytes
+from ..params import Param
 from .base import Algorithm, Update
 from .fedgh import shared_head_init_states
 from .stats import aligned_ce, carry_targets, class_stats, features, pool_means, targets_bytes

@@ -12,12 +12,14 @@ Each phase is one call of the training primitive with its own seed stream (`purp
 its own optimiser: the head is exactly still while the body trains (FedRep's code keeps one SGD
 across both phases, so momentum and weight decay nudge the frozen head a little; see docs/fidelity.md).
 A `Plan` has one trainable set, so the head phase is the plan and the body phase a second plan that
-`finish` answers (`engine.Then`, as Ditto's PM step); the batched engine trains each phase for all clients.
+`finish` answers (`context.Then`, as Ditto's PM step); the batched engine trains each phase for all clients.
 """
 from __future__ import annotations
 
-from ..config import Param
-from ..engine import Plan, Then, TrainStats, clone_state
+from ..core.aggregation import clone_state
+from ..core.context import Plan, Then
+from ..core.training import TrainStats
+from ..params import Param
 from .partial import FedPer
 
 

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import Param
-from ..engine import clone_state
+from ..core.aggregation import clone_state
+from ..params import Param
 from .base import Algorithm
 
 
@@ -102,7 +102,7 @@ class FedRoD(Algorithm):
             more = self.ctx.train(pair, k, rnd, loss=lambda m, x, y: rod_losses(m, x, y, lp)[1], purpose=1,
                                   trainable=lambda n: n.startswith("phead."), epochs=self.hp["pm_epochs"])
             up.samples += more.samples
-            up.overlap_samples = more.samples                     # a PM phase after the GM (pflrepro.clock)
+            up.overlap_samples = more.samples                     # a PM phase after the GM (pflrepro.core.clock)
         return up, {"phead": clone_state(pair.phead.state_dict())}
 
     def personal_model(self, k, server, cstate):

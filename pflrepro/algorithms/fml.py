@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import Param
-from ..engine import clone_state, derive_seed
-from ..models import MODELS, build_model
+from ..core.aggregation import clone_state
+from ..core.seeds import derive_seed
+from ..data.models import MODELS, build_model
+from ..params import Param
 from .base import Algorithm
 from .pfedsd import kd_kl
 

@@ -8,7 +8,7 @@ with the model it held before receiving it.
 """
 from __future__ import annotations
 
-from ..engine import clone_state
+from ..core.aggregation import clone_state
 from .base import Algorithm
 
 

@@ -34,8 +34,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..config import Param
-from ..engine import clone_state, derive_seed, outputs, state_bytes, weighted_average
+from ..core.aggregation import clone_state, state_bytes, weighted_average
+from ..core.seeds import derive_seed
+from ..core.training import outputs
+from ..params import Param
 from .base import Algorithm, Update
 
 

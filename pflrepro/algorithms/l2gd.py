@@ -13,8 +13,9 @@ is the client's own x_i (a client not yet trained: its initial model mixed with 
 """
 from __future__ import annotations
 
-from ..config import Param
-from ..engine import Plan, clone_state
+from ..core.aggregation import clone_state
+from ..core.context import Plan
+from ..params import Param
 from .base import Algorithm
 
 

@@ -21,8 +21,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..config import Param
-from ..engine import clone_state, derive_seed, outputs, sample_clients, state_bytes
+from ..core.aggregation import clone_state, state_bytes
+from ..core.schedule import sample_clients
+from ..core.seeds import derive_seed
+from ..core.training import outputs
+from ..params import Param
 from .base import Algorithm, Update
 
 

@@ -15,7 +15,7 @@ model after one step of SGD with step alpha on the client's training data; the g
 "Per-FedAvg (GM)", `eval_gm_local` scores it on the local test sets) is w as it is.
 
 How it maps onto the engine. One local step is one call of the training primitive's loss term
-(`engine.local_train`): the primitive draws a batch of `parts x batch_size` samples (parts = 2 for FO, 3 for
+(`training.local_train`): the primitive draws a batch of `parts x batch_size` samples (parts = 2 for FO, 3 for
 HF) from its seeded permutation (seed derive_seed(seed, rnd, k, 0)), and `meta_loss` splits it into D, D'
 (, D'') of batch_size samples each (PFLlib's clientperavg loads batches of 2B and splits them in halves;
 FL-bench draws two (three) loader batches of B per step). Inside the term:
@@ -66,8 +66,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..config import Param
-from ..engine import derive_seed, local_train
+from ..core.seeds import derive_seed
+from ..core.training import local_train
+from ..params import Param
 from .base import Algorithm
 
 

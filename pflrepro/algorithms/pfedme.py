@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import Param
-from ..engine import clone_state
+from ..core.aggregation import clone_state
+from ..params import Param
 from .base import Algorithm
 
 

@@ -23,8 +23,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..config import Param
-from ..engine import Plan, batchable, clone_state, derive_seed
+from ..core.aggregation import clone_state
+from ..core.context import Plan
+from ..core.seeds import derive_seed
+from ..core.training import batchable
+from ..params import Param
 from .base import Algorithm
 
 

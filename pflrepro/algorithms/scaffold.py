@@ -15,11 +15,12 @@ Control variates cover the parameters; buffers (BN statistics) take the plain me
 """
 from __future__ import annotations
 
-from ..config import Param
-from ..engine import batchable, ce_loss, clone_state, plain_average, state_bytes
+from ..core.aggregation import clone_state, plain_average, state_bytes
+from ..core.training import batchable, ce_loss
+from ..params import Param
 from .base import Algorithm, Update
-from .simple import HeadFT
 from .server_opt import zeros_like_params
+from .simple import HeadFT
 
 
 class Scaffold(Algorithm):

@@ -8,13 +8,13 @@ Per round, client i
   PMUPDATE: from its previous PM, E_p epochs on
       L^p = CE(w_p) + lambda_p * D( s(w_p) || s(w_G,i^t) )                     (eq. 4, full spectrum)
 The server averages the uploaded GMs as FedAvg (Sec. 3.1: p_i = n_i / sum n_k).
-s = |DFT| of the weight vector, D(p || q) = sum p log p - p log q (pflrepro.spectral). The second
+s = |DFT| of the weight vector, D(p || q) = sum p log p - p log q (pflrepro.algorithms.spectral). The second
 argument of each D is the teacher: computed once per phase from a fixed model, detached; the first is
 the model being trained, differentiable through torch.fft.
 
 Structurally this is Ditto's round (GM first, then PM; `Ditto.personal_plan`) with both loss terms
 replaced. The protocol (compute-and-wait or wait-free, Sec. 3.4) changes only when the PM trains, which
-the run's simulated clock accounts for (`clock: {protocol: wait_free}`, pflrepro.clock).
+the run's simulated clock accounts for (`clock: {protocol: wait_free}`, pflrepro.core.clock).
 `code_prox` adds the authors' code's un-squared proximal term to the PM loss (the paper does not mention it;
 the code's spectral terms carry no gradient, so in the code this term is the only link from PM to GM).
 Ablations (Table 5): lambda_G = 0 is "w/o SCD-GM" (the GM step is then exactly FedAvg's), lambda_p = 0
@@ -25,10 +25,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..config import Param
-from ..engine import batchable, ce_loss
-from ..spectral import INCLUDE, MODES, spectral_names, spectral_target, spectral_term
+from ..core.training import batchable, ce_loss
+from ..params import Param
 from .ditto import Ditto
+from .spectral import INCLUDE, MODES, spectral_names, spectral_target, spectral_term
 
 
 class SCD(Ditto):

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Param
-from ..engine import batchable, ce_loss, plain_average
+from ..core.aggregation import plain_average
+from ..core.training import batchable, ce_loss
+from ..params import Param
 from .base import Algorithm
 
 

@@ -1,9 +1,11 @@
 """The worked examples of the API: Local-only, FedProx, FedAvg+FT and FedProx+FT (FedAvg is the base class)."""
 from __future__ import annotations
 
-from ..config import Param
-from ..engine import Plan, batchable, ce_loss, clone_state
-from ..models import head_param_names
+from ..core.aggregation import clone_state
+from ..core.context import Plan
+from ..core.training import batchable, ce_loss
+from ..data.models import head_param_names
+from ..params import Param
 from .base import Algorithm, Update
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine import ce_loss
+from ..core.training import ce_loss
 
 
 @torch.no_grad()

@@ -109,9 +109,9 @@ from torch import nn  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import pflrepro  # noqa: E402
-from pflrepro.config import RunConfig  # noqa: E402
-from pflrepro.models import MODELS, SplitModel, register_model  # noqa: E402
-from pflrepro.runs import build_data, build_partition  # noqa: E402
+from pflrepro.data.models import MODELS, SplitModel, register_model  # noqa: E402
+from pflrepro.federation.build import build_data, build_partition  # noqa: E402
+from pflrepro.federation.config import RunConfig  # noqa: E402
 
 DRIVER = Path(__file__).resolve().parent / "pfllib_driver.py"
 MODEL = "pfllib_fedavgcnn"

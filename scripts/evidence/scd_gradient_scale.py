@@ -33,7 +33,7 @@ spectral terms with no committed measurement; this script is that measurement. I
    the largest parameter difference. ResNet-18 is left out: one step of its 11.2M-entry DFT costs tens of
    seconds on a CPU.
 
-The spectra are the project's (pflrepro.spectral; its `fft2d_layer` mode is the authors' variant
+The spectra are the project's (pflrepro.algorithms.spectral; its `fft2d_layer` mode is the authors' variant
 re-expressed with torch.fft so that it has a gradient: the authors' code takes it in numpy, without one). The
 mini's gradients are checked against the gradient of SCD's own loss functions (the "check" line). Deterministic:
 fixed seeds, one CPU thread. Cost on the project's 2-core machine: 350-490 s of CPU time (the mini 160-270 s,
@@ -54,13 +54,15 @@ import torch
 from torch import nn
 
 from pflrepro.algorithms.scd import SCD
-from pflrepro.engine import ModelView, ce_loss, derive_seed, local_train
-from pflrepro.data import load_dataset
-from pflrepro.data import normalise as normalise_images
-from pflrepro.models import build_model
-from pflrepro import experiments as ex
-from pflrepro.runs import _raw as cached_dataset, build_partition
-from pflrepro.spectral import divergence, normalise, spectral_names, spectrum, truncate
+from pflrepro.algorithms.spectral import divergence, normalise, spectral_names, spectrum, truncate
+from pflrepro.core.seeds import derive_seed
+from pflrepro.core.training import ModelView, ce_loss, local_train
+from pflrepro.data.datasets import load_dataset
+from pflrepro.data.datasets import normalise as normalise_images
+from pflrepro.data.models import build_model
+from pflrepro.federation.build import build_partition
+from pflrepro.federation.build import raw_dataset as cached_dataset
+from pflrepro.pipeline import experiments as ex
 
 PAPER = {"lam_p": 0.01, "lam_g": 0.05}   # App. B
 CODE = {"lam_p": 0.4, "lam_g": 0.3}      # the authors' code's defaults (shared/reference/author-code.md)
@@ -204,7 +206,7 @@ def mini_setup(client: int) -> tuple[Setup, dict, tuple[torch.Tensor, torch.Tens
     s = Setup(f"{cfg.model} (mini)", lambda: build_model(cfg.model, spec.channels, spec.num_classes, spec.size),
               normalise_images(raw.x_train[own], spec, CPU), raw.y_train[own], cfg.batch_size, cfg.lr, cfg.momentum,
               normalise_images(raw.x_test, spec, CPU), raw.y_test, ids(part["test"][client]))  # into the test half
-    torch.manual_seed(derive_seed(cfg.seed, 0x1A17))   # the run's initial weights (runs.build_context)
+    torch.manual_seed(derive_seed(cfg.seed, 0x1A17))   # the run's initial weights (build.build_context)
     init = clone(s.make())
     return s, init, (normalise_images(raw.x_train[pool], spec, CPU), raw.y_train[pool])
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from pflrepro import experiments as ex
+from pflrepro.pipeline import experiments as ex
 
 SCD = {"lam_g": 0.05, "lam_p": 0.01, "tau": 0.4}
 METHODS = {"fedavg": {}, "feddyn": {}, "ditto": {}, "fedrep": None, "scd": {"hparams": SCD},

@@ -8,8 +8,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pflrepro.clock import time_to
-from pflrepro.runs import load_result, results_root
+from pflrepro.core.clock import time_to
+from pflrepro.paths import results_root
+from pflrepro.pipeline.store import load_result
 
 
 def main() -> None:

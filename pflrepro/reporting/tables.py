@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..paths import REPO_ROOT
+from ..pipeline.store import RunResult, git_commit
 from . import health
-from .runs import REPO_ROOT, RunResult, git_commit
 
 PAPER_DIR = REPO_ROOT / "paper_numbers"
 
@@ -43,7 +44,7 @@ def paper_setting(setting: str, dataset: str) -> str:
 
 def tidy(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
     """{(method, setting, seed): RunResult} -> one row per run with best / last-10 / final scores, its largest
-    training-loss spike (pflrepro.health: ratio, round; nan / empty for none) and its health flags ('' = none)."""
+    training-loss spike (pflrepro.reporting.health: ratio, round; nan / empty for none) and its health flags ('' = none)."""
     rows = []
     for (method, setting, seed), r in results.items():
         spike, at = health.loss_spike([h.get("train_loss", float("nan")) for h in r.history])
@@ -181,7 +182,7 @@ def times_to_targets(results: dict, metric: str, targets, time_keys=("sim_time",
     """SCD Tables 4 and 9: per run, the first simulated time at which `metric` reaches each target (%), on
     each of the run's timelines (its own protocol, and the compute-and-wait / wait-free ones beside it).
     NaN: never reached (or that timeline is not defined: asynchronous runs have one)."""
-    from .clock import time_to
+    from ..core.clock import time_to
     rows = []
     for (method, setting, seed), r in results.items():
         for target in targets:
@@ -318,7 +319,7 @@ def curves(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
 def client_curves(results: dict) -> pd.DataFrame:
     """Long-format per-client learning curves (personalized accuracy %, every evaluation): method, setting, seed,
     round, client, and the client's domain where the dataset has one per client (FedBSD Fig. 3)."""
-    from .data import SPECS
+    from ..data.datasets import SPECS
     rows = []
     for (method, setting, seed), r in results.items():
         ds = r.config.dataset
@@ -462,9 +463,9 @@ def plot_architectures(clients: pd.DataFrame, title: str = ""):
 
 def partition_figure(cfg, title: str | None = None):
     """The (clients x classes) bubble chart of a config's training partition (pFedSD Fig. 5)."""
-    from .partition import label_counts, plot_partition
-    from .runs import _raw, build_partition
-    raw = _raw(cfg.dataset)
+    from ..data.partition import label_counts, plot_partition
+    from ..federation.build import build_partition, raw_dataset
+    raw = raw_dataset(cfg.dataset)
     y = (raw.pooled()[1] if cfg.pool == "train+test" else raw.y_train).numpy()
     split = build_partition(cfg)
     return plot_partition(label_counts(y, split["train"], raw.spec.num_classes), title=title or (

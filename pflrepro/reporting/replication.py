@@ -162,7 +162,7 @@ def run_records(stage_dir: Path, prov: dict, results_root: Path) -> list[dict]:
 
 # ------------------------------------------------------------------ summary
 def flagged_runs(runs_csv: Path) -> list[dict] | None:
-    """The runs a stage's runs.csv flags (pflrepro.health), or None where it has no health column (written
+    """The runs a stage's runs.csv flags (pflrepro.reporting.health), or None where it has no health column (written
     before the check existed, or a stage without runs)."""
     if not runs_csv.exists():
         return None
@@ -192,7 +192,7 @@ def health_markdown(stages: list[Stage]) -> str:
     if flagged is None:
         return ""
     n_runs = len({r.get("path") for st in stages if st.health is not None for r in st.runs})
-    head = f"**Run health:** {len(flagged)} of {n_runs} runs flagged (`pflrepro/health.py`).\n"
+    head = f"**Run health:** {len(flagged)} of {n_runs} runs flagged (`pflrepro/reporting/health.py`).\n"
     if not flagged:
         return head
     return head + "\n" + _md_table(["run", "method / setting / seed", "stages", "flag"],
@@ -389,7 +389,7 @@ def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: P
 
 
 def _git_now() -> str:
-    from .runs import git_commit
+    from ..pipeline.store import git_commit
     g = git_commit()
     return "unknown" if g["commit"] == "unknown" else g["commit"][:10] + ("+dirty" if g["dirty"] else "")
 
@@ -402,7 +402,7 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
              f"Generated {now} by `python -m pflrepro report` (code at {_git_now()}) from `{results_root}`.\n",
              "## Summary\n",
              "Claims are the papers' own sentences about their results, checked on the reproduced tables "
-             "(`pflrepro/claims.py`): **holds**, **fails**, **undecided** (the difference is inside the noise: "
+             "(`pflrepro/reporting/claims.py`): **holds**, **fails**, **undecided** (the difference is inside the noise: "
              "the seeds' spread, or for one seed the claim's minimum gap) or **not run** (its table, profile, "
              "cells or methods are not in the outputs). A profile other than `paper` runs smaller settings on "
              "offline stand-in data: its verdicts speak about trends there, not about the paper's numbers. "
@@ -526,7 +526,8 @@ def run_cli(a) -> int:
         print(f"wrote {out[k]}")
     if getattr(a, "readme", None):
         import datetime
-        from .runs import git_commit
+
+        from ..pipeline.store import git_commit
         g = git_commit()
         stamp = (f"Measured by `dvc repro` at commit {g.get('commit', '?')[:10]}{' (dirty)' if g.get('dirty') else ''}, "
                  f"{datetime.date.today().isoformat()}; the full report: `results/report/report.html` after `dvc repro`.")

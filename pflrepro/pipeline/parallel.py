@@ -30,7 +30,8 @@ import threading
 import traceback
 from pathlib import Path
 
-from .config import ConfigError, RunConfig
+from ..federation.config import RunConfig
+from ..params import ConfigError
 
 GIB_PER_JOB = 2  # a paper-profile CIFAR run holds its dataset (~0.7 GiB as float) and models
 
@@ -60,7 +61,7 @@ def resolve_jobs(jobs, configs: list[RunConfig]) -> int:
     if isinstance(jobs, str) and jobs.strip().isdigit():
         jobs = int(jobs)
     if jobs == "auto":
-        from .runs import resolve_device
+        from ..federation.build import resolve_device
         if any(resolve_device(c.device).type != "cpu" for c in configs):
             return 1  # one accelerator: runs would only queue for it
         jobs = min(cpu_cores(), max(1, int(_available_gib() // GIB_PER_JOB)))
@@ -78,9 +79,9 @@ def work(cfg: RunConfig) -> float:
     and to estimate what is left: per round, the participating share of the pool times local epochs (scaled by
     the algorithm's relative_cost), plus its server_work (FedDF's distillation: ordered by client work alone, its
     heterogeneous run started last and trained alone for 5 of PerFed-CKT's 14.6 minutes)."""
-    from .algorithms import ALGORITHMS
-    from .data import SPECS
-    from .schedule import trained_share
+    from ..algorithms import ALGORITHMS
+    from ..core.schedule import trained_share
+    from ..data.datasets import SPECS
     algo, spec = ALGORITHMS[cfg.algorithm], SPECS[cfg.dataset]
     pool = spec.n_train + (spec.n_test if "test" in cfg.pool else 0)
     local = trained_share(cfg) * cfg.subsample * pool * train_fraction(cfg) * cfg.local_epochs * \
@@ -100,17 +101,17 @@ def train_fraction(cfg: RunConfig) -> float:
 
 
 class Worker:
-    """A `python -m pflrepro.parallel` process that trains the configs it is sent, one at a time.
+    """A `python -m pflrepro.pipeline.parallel` process that trains the configs it is sent, one at a time.
     A plain subprocess, not multiprocessing: no re-import of the caller's __main__ (a script
     without a main guard, a notebook kernel, pytest all work), and a dead worker is an EOF,
     reported with its exit code and the last lines it wrote to stderr, never a hang. Its stderr
     (warnings, errors) is passed on to ours, so a notebook shows it in the cell."""
 
     def __init__(self, threads: int):
-        src = str(Path(__file__).resolve().parents[1])  # importable even without `pip install -e .`
+        src = str(Path(__file__).resolve().parents[2])  # importable even without `pip install -e .`
         env = {**os.environ, "PFLREPRO_WORKER_THREADS": str(threads),
                "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
-        self.proc = subprocess.Popen([sys.executable, "-m", "pflrepro.parallel"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "pflrepro.pipeline.parallel"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
         self.stderr_tail: collections.deque = collections.deque(maxlen=20)
         self._relay = threading.Thread(target=self._pass_on_stderr, daemon=True)
@@ -169,7 +170,7 @@ def _serve() -> None:
     _die_with_parent()
     import torch
 
-    from .runs import run
+    from .store import run
     torch.set_num_threads(int(os.environ.get("PFLREPRO_WORKER_THREADS", "1")))
     replies, sys.stdout = sys.stdout, sys.stderr  # anything a run prints goes to stderr
     for line in sys.stdin:
@@ -189,7 +190,7 @@ def train_all(configs: list[RunConfig], root: Path | str | None, jobs: int, on_d
     and is raised once the others have stopped. `progress`: a bar per run trained in this process."""
     import torch
 
-    from .runs import run
+    from .store import run
     queue = sorted(configs, key=work, reverse=True)
     lock = threading.Lock()
     errors: list[BaseException] = []

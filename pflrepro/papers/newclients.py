@@ -5,7 +5,7 @@ based on the well-trained global generic model. ... The reported performance is 
 test accuracies over the 20 new clients, in which the weights are the ratios of the dataset sizes relative to
 these 20 clients."
 
-A run with `new_clients: N` never samples its last N clients (pflrepro.engine.sample_clients); this module takes
+A run with `new_clients: N` never samples its last N clients (pflrepro.core.schedule.sample_clients); this module takes
 its final checkpoint, fine-tunes the global model on each new client's training data for `epochs` epochs (the
 run's optimiser settings; data order from the seed stream (seed, round 0, client, purpose 7)) and scores it on
 that client's local test set. A method without a global model is fine-tuned from its averaged personal models
@@ -16,14 +16,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .engine import accuracy, clone_state
+from ..core.aggregation import clone_state
+from ..core.training import accuracy
 
 
 def new_client_accuracy(result, epochs: int) -> dict:
     """{"acc": weighted mean over the new clients (n_k / sum n), "per_client": [...], "clients": [...]} for a
     stored run (`RunResult`) with `new_clients` > 0, after `epochs` epochs of fine-tuning from its final GM."""
-    from .algorithms import ALGORITHMS
-    from .runs import _load_partition, build_context, resolve_device
+    from ..algorithms import ALGORITHMS
+    from ..federation.build import build_context, resolve_device
+    from ..pipeline.store import _load_partition
     cfg = result.config
     if cfg.new_clients <= 0:
         raise ValueError(f"{result.path.name}: new_clients=0, no client joined after training")

@@ -9,90 +9,44 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
-from typing import Any
 
+from .. import algorithms
+from ..core import clock, schedule
+from ..data import datasets as data
+from ..data import models, partition
+from ..params import ConfigError, Param, check_params
 
-class ConfigError(ValueError):
-    """A bad configuration value; the message names the key, the value and what is allowed."""
-
-
-@dataclass(frozen=True)
-class Param:
-    """Declaration of one setting: type, default, allowed range/choices, help text."""
-    type: type
-    default: Any
-    help: str = ""
-    low: float | None = None          # inclusive unless low_open
-    high: float | None = None         # inclusive
-    low_open: bool = False
-    choices: tuple | None = None
-
-    def check(self, key: str, value: Any) -> Any:
-        t = self.type
-        if t is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if t is float and isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if t is tuple and isinstance(value, list):
-            value = tuple(value)
-        if not isinstance(value, t) or (t in (int, float) and isinstance(value, bool)):
-            raise ConfigError(f"{key}={value!r}: expected {t.__name__}, got {type(value).__name__}")
-        if t is float and not math.isfinite(value):  # nan passes every range check (its comparisons are False)
-            raise ConfigError(f"{key}={value!r}: must be a finite number")
-        if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"{key}={value!r}: allowed values are {', '.join(map(repr, self.choices))}")
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            raise ConfigError(f"{key}={value!r}: must be {'>' if self.low_open else '>='} {self.low}")
-        if self.high is not None and value > self.high:
-            raise ConfigError(f"{key}={value!r}: must be <= {self.high}")
-        return value
-
-
-def check_params(prefix: str, given: dict, schema: dict[str, Param]) -> dict:
-    """Validate a dict of settings against a schema; fill defaults."""
-    if not isinstance(given, dict):
-        raise ConfigError(f"{prefix}={given!r}: expected a mapping")
-    unknown = sorted(set(given) - set(schema))
-    if unknown:
-        allowed = ", ".join(sorted(schema)) or "(none)"
-        name = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
-        raise ConfigError(f"{name}={given[unknown[0]]!r}: unknown key; allowed: {allowed}")
-    out = {}
-    for k, p in schema.items():
-        # a setting whose default is None ("not set") may be given as None: a validated config re-validates
-        out[k] = p.check(f"{prefix}.{k}" if prefix else k, given[k]) if k in given and not (
-            given[k] is None and p.default is None) else p.default
-    return out
-
+PUBLIC_SCHEMA: dict[str, Param] = {
+    "dataset": Param(str, "", "dataset the unlabeled public set is drawn from ('' = the run's own dataset)"),
+    "split": Param(str, "train", "which half of it: 'train' or 'test'", choices=("train", "test")),
+    "size": Param(int, 0, "number of public samples |P| (0 = no public set); drawn uniformly without replacement, "
+                  "never from samples the run's clients or test sets use", low=0),
+}
 
 # Top-level run settings. Algorithm, partition and split settings live in nested dicts
 # validated against the schema each algorithm/partitioner declares.
 RUN_SCHEMA: dict[str, Param] = {
     "algorithm": Param(str, "fedavg", "algorithm name (see pflrepro.algorithms.ALGORITHMS)"),
     "hparams": Param(dict, {}, "algorithm-specific hyperparameters"),
-    "dataset": Param(str, "fmnist", "dataset name (see pflrepro.data.DATASETS)"),
+    "dataset": Param(str, "fmnist", "dataset name (see pflrepro.data.datasets.DATASETS)"),
     "pool": Param(str, "train", "what gets partitioned: 'train' (test set stays global) or "
                   "'train+test' (pFedSD: union, then per-client splits)", choices=("train", "train+test")),
     "subsample": Param(float, 1.0, "fraction of the pool used (stratified, deterministic); <1 for quick runs",
                        low=0.0, high=1.0, low_open=True),
-    "partition": Param(str, "iid", "partitioner name (see pflrepro.partition.PARTITIONERS)"),
+    "partition": Param(str, "iid", "partitioner name (see pflrepro.data.partition.PARTITIONERS)"),
     "partition_params": Param(dict, {}, "partitioner keyword arguments"),
-    "split": Param(str, "random", "per-client split rule (see pflrepro.partition.SPLITS)"),
+    "split": Param(str, "random", "per-client split rule (see pflrepro.data.partition.SPLITS)"),
     "split_params": Param(dict, {}, "split keyword arguments"),
     "n_clients": Param(int, 20, "number of clients K", low=1),
     "new_clients": Param(int, 0, "the last N clients never train; they join after the last round (SCD Fig. 3: "
-                         "80 training + 20 new clients, pflrepro.newclients)", low=0),
+                         "80 training + 20 new clients, pflrepro.papers.newclients)", low=0),
     "participation": Param(float, 1.0, "fraction of clients per round", low=0.0, high=1.0, low_open=True),
     "sampling": Param(str, "uniform", "client sampling: 'uniform' or 'data_share' (PerFed-CKT: by p_k)",
                       choices=("uniform", "data_share")),
-    "model": Param(str, "cnn_fmnist", "model name (see pflrepro.models.MODELS)"),
+    "model": Param(str, "cnn_fmnist", "model name (see pflrepro.data.models.MODELS)"),
     "models": Param(tuple, (), "heterogeneous models, assigned to clients by `model_assign`; empty = all `model`"),
-    "model_assign": Param(str, "cycle", "how clients get `models` (see pflrepro.models.ASSIGNERS): 'cycle' (client k "
+    "model_assign": Param(str, "cycle", "how clients get `models` (see pflrepro.data.models.ASSIGNERS): 'cycle' (client k "
                           "gets models[k % len(models)]) or 'size' (a larger dataset draws a larger model: PerFed-CKT "
                           "Table 2)"),
     "rounds": Param(int, 10, "communication rounds T", low=1),
@@ -110,14 +64,14 @@ RUN_SCHEMA: dict[str, Param] = {
     "checkpoint_every": Param(int, 5, "checkpoint every N rounds", low=1),
     "seed": Param(int, 0, "seed for partition, init, sampling and data order", low=0),
     "device": Param(str, "cpu", "'cpu', 'cuda' or 'auto'", choices=("cpu", "cuda", "auto")),
-    "engine": Param(str, "auto", "local training: 'batched' trains the selected clients together (pflrepro.batched; "
+    "engine": Param(str, "auto", "local training: 'batched' trains the selected clients together (pflrepro.core.batched; "
                     "algorithms whose client step is a Plan), 'per_client' one after another (the reference), "
                     "'auto' batched wherever it applies (on a CPU, models with grouped convolutions train per client: "
                     "faster there)", choices=("auto", "batched", "per_client")),
     "public": Param(dict, {}, "unlabeled public set for distillation methods (PerFed-CKT, FedDF): dataset, split, "
-                    "size (see pflrepro.schemas.PUBLIC_SCHEMA)"),
-    "clock": Param(dict, {}, "simulated clock: protocol, client compute rate and bandwidths (see pflrepro.clock)"),
-    "schedule": Param(dict, {}, "server schedule: synchronous rounds, or FedAsync / FedBuff (see pflrepro.schedule)"),
+                    "size (see pflrepro.federation.config.PUBLIC_SCHEMA)"),
+    "clock": Param(dict, {}, "simulated clock: protocol, client compute rate and bandwidths (see pflrepro.core.clock)"),
+    "schedule": Param(dict, {}, "server schedule: synchronous rounds, or FedAsync / FedBuff (see pflrepro.core.schedule)"),
     "memory_budget_mb": Param(float, 4096.0, "batched engine: memory for one chunk of clients trained together "
                               "(estimated: stacked weights, gradients, momentum, activations); clients are chunked "
                               "to fit, and a run where one client cannot fit stops before round 1 ('auto': falls "
@@ -165,8 +119,6 @@ class RunConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
         """Validate everything (top level, algorithm hparams, partition, split, model names)."""
-        from . import algorithms, clock, data, models, partition, schedule, schemas
-
         top = check_params("", dict(d), RUN_SCHEMA)
         _choice("algorithm", top["algorithm"], algorithms.ALGORITHMS)
         _choice("dataset", top["dataset"], data.SPECS)
@@ -177,8 +129,8 @@ class RunConfig:
         _choice("model_assign", top["model_assign"], models.ASSIGNERS)
         top["hparams"] = check_params("hparams", top["hparams"], algorithms.ALGORITHMS[top["algorithm"]].HPARAMS)
         top["partition_params"] = check_params("partition_params", top["partition_params"],
-                                               schemas.PARTITION_SCHEMAS[top["partition"]])
-        top["split_params"] = check_params("split_params", top["split_params"], schemas.SPLIT_SCHEMAS[top["split"]])
+                                               partition.PARTITION_SCHEMAS[top["partition"]])
+        top["split_params"] = check_params("split_params", top["split_params"], partition.SPLIT_SCHEMAS[top["split"]])
         top["public"] = _check_public(top, data.SPECS, algorithms.ALGORITHMS[top["algorithm"]])
         top["clock"] = check_params("clock", top["clock"], clock.CLOCK_SCHEMA)
         top["schedule"] = check_params("schedule", top["schedule"], schedule.SCHEDULE_SCHEMA)
@@ -236,8 +188,7 @@ def _jsonable(o):
 def _check_public(top: dict, specs: dict, algo_cls) -> dict:
     """The public set's settings: a known dataset whose images have the run's shape; required (size > 0)
     by algorithms that declare `needs_public`."""
-    from . import schemas
-    pub = check_params("public", top["public"], schemas.PUBLIC_SCHEMA)
+    pub = check_params("public", top["public"], PUBLIC_SCHEMA)
     if pub["dataset"]:
         _choice("public.dataset", pub["dataset"], specs)
         a, b = specs[pub["dataset"]], specs[top["dataset"]]

@@ -34,7 +34,9 @@ import math
 import numpy as np
 import torch
 
-from .config import Param
+from ..data.models import build_model
+from ..params import Param
+from .seeds import derive_seed
 
 PROTOCOLS = ("compute_and_wait", "wait_free")
 
@@ -71,7 +73,6 @@ def forward_flops(net: torch.nn.Module, x: torch.Tensor) -> int:
 def model_forward_flops(model: str, channels: int, num_classes: int, size: int) -> int:
     """`forward_flops` of a registry model on one input of its dataset's shape (cached: a pure function of
     these four values; built outside every RNG stream of a run)."""
-    from .models import build_model
     with torch.random.fork_rng(devices=[]):
         net = build_model(model, channels, num_classes, size)
     return forward_flops(net, torch.zeros(1, channels, size, size))
@@ -83,7 +84,6 @@ def _lognormal(rng: np.random.Generator, mean: float, sigma: float, n: int) -> n
 
 class Clock:
     def __init__(self, params: dict, n_clients: int, seed: int, flops_per_sample: float, model_bytes: int):
-        from .engine import derive_seed
         self.p = params
         rng = np.random.default_rng(derive_seed(seed, 0xC10C))
         s = params["sigma"]
@@ -161,7 +161,7 @@ class Clock:
             self.t[p] = float(max(arrive) if arrive else self.t[p]) + self.p["server_s"] * len(arrive)
         return self.times()
 
-    # ---- asynchronous servers (pflrepro.schedule): the configured protocol's timeline only
+    # ---- asynchronous servers (pflrepro.core.schedule): the configured protocol's timeline only
     def job(self, k: int, up) -> float:
         """Client k starts from the model the server holds now; returns its upload's arrival time."""
         return self._client(self.p["protocol"], self.now, k, up)

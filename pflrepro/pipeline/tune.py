@@ -26,10 +26,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from .config import ConfigError
+from ..core.training import Divergence
+from ..params import ConfigError
+from ..paths import REPO_ROOT, results_root
 from .experiments import grid, load_profile, merge, run_grid
-from .engine import Divergence
-from .runs import REPO_ROOT, results_root, run_dir
+from .store import run_dir
 
 
 def load_space(name: str, profile: str) -> dict:
@@ -113,7 +114,7 @@ def diverged_runs(exc: BaseException, configs: dict, root: Path) -> list:
     """The keys of `configs` a Divergence stopped: started (their config is in the store) but unfinished. After a
     failed grid the other runs in training have finished (parallel.train_all stops handing out runs and waits), so
     these are the runs that raised. Empty when `exc` is not a divergence (a worker's is its traceback's text)."""
-    if not isinstance(exc, Divergence) and "pflrepro.engine.Divergence" not in str(exc):
+    if not isinstance(exc, Divergence) and "pflrepro.core.training.Divergence" not in str(exc):
         return []
     return [k for k, c in configs.items()
             if (run_dir(c, root) / "config.json").exists() and not (run_dir(c, root) / "summary.json").exists()]
@@ -214,7 +215,7 @@ def add_arguments(t) -> None:
     t.add_argument("--profile", default="mini")
     t.add_argument("--methods", help="comma-separated methods (default: the space's `methods`, else all)")
     t.add_argument("--jobs", help="runs at once ('auto' or an integer)")
-    t.add_argument("--executor", help="local (default) or ray[:ADDRESS,...] (pflrepro.executors)")
+    t.add_argument("--executor", help="local (default) or ray[:ADDRESS,...] (pflrepro.pipeline.executors)")
     t.add_argument("--stat", default="best", choices=["best", "last_mean", "final"],
                    help="which summary of the metric scores a run (default: best round, as the tables)")
     t.add_argument("--apply", action="store_true", help="write the chosen values into params/<name>.yaml")

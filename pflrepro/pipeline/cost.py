@@ -20,13 +20,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .config import RunConfig
-from .engine import run_rounds
+from ..core.loop import run_rounds
+from ..federation.config import RunConfig
 
 
 class Instrumented:
     """Transparent wrapper: the round loop sees the algorithm, we see every call. Updates of rounds
     in `count_rounds` are FLOP-counted (and not timed: counting slows execution)."""
+
+    uses_plans = False   # it times each client_update call: clients train one by one
 
     def __init__(self, algo, count_rounds=()):
         self._algo = algo
@@ -73,8 +75,9 @@ def measure(cfg: RunConfig) -> dict:
     their first v_k, FedFomo's clients their first uploads), rounds 2..R are timed (R = cfg.rounds), round
     R+1 is FLOP-counted; bytes are the mean over rounds 2..R+1.
     Evaluation, which the paper's timing excludes, runs once at the end."""
-    from .algorithms import ALGORITHMS
-    from .runs import build_context, model_flops, resolve_device
+    from ..algorithms import ALGORITHMS
+    from ..federation.build import build_context, resolve_device
+    from .store import model_flops
     R = max(cfg.rounds, 2)
     c = cfg.replace(rounds=R + 1, eval_every=R + 1, engine="per_client")  # time clients one by one
     ctx = build_context(c, resolve_device(c.device))

@@ -9,7 +9,7 @@ papermill was started from; never the notebook), e.g.
     [fedbsd_fig4] 3/8 runs done (12 in the grid, 4 from the store) | training: fedrep E=5 / S=2 s0 r31/40 | 1:42 elapsed, ~2:10 left
 
 A run in training reports its round through a heartbeat file in its run directory (`runs.HEARTBEAT`,
-written at most every couple of seconds by `runs.run`, removed when the run ends), so runs trained by
+written at most every couple of seconds by `store.run`, removed when the run ends), so runs trained by
 worker processes show their rounds too. The estimate of what is left: the work done so far (finished
 runs, plus the trained fraction of the runs in flight, each weighted by `parallel.work`) at the rate
 seen so far.
@@ -56,7 +56,7 @@ def read_round(path: Path) -> tuple[int, int] | None:
 
 
 class Heartbeat:
-    """Called after every round of a run (`engine.run_rounds(on_round=...)`): writes the run's round to its
+    """Called after every round of a run (`loop.run_rounds(on_round=...)`): writes the run's round to its
     heartbeat file at most every `every` seconds (atomically); `clear()` removes it when the run ends."""
 
     def __init__(self, path: Path, rounds: int, every: float = 2.0, now=time.monotonic):

@@ -22,7 +22,7 @@ one, ``'val'``. All of them index ``labels``, except the ``'test'`` arrays of
 ``global_test_by_proportion``, which index ``test_labels``.
 
 ``by_domain`` + ``domain_test`` (one domain per client, FedBN/FedBSD Fig. 3) read each image's domain from
-a multi-domain dataset (``pflrepro.data``), which the run passes to a function marked ``uses_domains``.
+a multi-domain dataset (``pflrepro.data.datasets``), which the run passes to a function marked ``uses_domains``.
 
 Which paper uses which (the sources of every choice the papers leave open are given
 in each docstring):
@@ -42,6 +42,8 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+
+from ..params import Param
 
 __all__ = [
     "iid",
@@ -665,7 +667,7 @@ def lognormal(
 def by_domain(labels: np.ndarray, n_clients: int, seed: int, domains=None) -> list[np.ndarray]:
     """One domain per client (FedBN, FedBSD Fig. 3: "Each dataset serves as a client"): client k gets every
     index whose domain is k. ``domains`` (one integer per label) comes from a multi-domain dataset
-    (``pflrepro.data``: the run passes it to a partitioner marked ``uses_domains``); ``n_clients`` must equal
+    (``pflrepro.data.datasets``: the run passes it to a partitioner marked ``uses_domains``); ``n_clients`` must equal
     the number of domains. ``seed`` is unused: the assignment is fixed by the data."""
     labels = _check_labels(labels)
     if domains is None:
@@ -992,3 +994,50 @@ def plot_partition(counts: np.ndarray, ax=None, title: str | None = None):
     if title:
         ax.set_title(title)
     return fig
+
+
+# ---------------------------------------------------------------- the settings each rule takes (checked by RunConfig)
+
+_alpha = Param(float, 0.5, "Dirichlet concentration (smaller = more skewed)", low=0.0, low_open=True)
+_cpc = Param(int, 2, "classes per client", low=1)
+
+PARTITION_SCHEMAS: dict[str, dict[str, Param]] = {
+    "iid": {},
+    "dirichlet": {
+        "alpha": _alpha,
+        "min_size": Param(int, 0, "redraw until every client has this many samples", low=0),
+        "class_prob": Param(float, 1.0, "SCD code option: P(client holds a class)", low=0.0, high=1.0, low_open=True),
+        "allocation": Param(str, "split", "'split' (paper: exact proportions) or 'sample' (SCD code: multinomial)",
+                            choices=("split", "sample")),
+    },
+    "balanced_dirichlet": {
+        "alpha": Param(float, 0.1, _alpha.help, low=0.0, low_open=True),
+        "n_aux": Param(int, 10, "clients per balancing group (FedDF/pFedSD code)", low=1),
+        "min_frac": Param(float, 0.5, "redraw until the smallest client has this share of the average", low=0.0, high=1.0),
+        "equal_slices": Param(bool, True, "pFedSD code: concatenate and cut into equal slices"),
+    },
+    "shards": {"s": Param(int, 2, "shards (= max classes) per client", low=1)},
+    "n_by_s": {"classes_per_client": _cpc,
+               "distinct": Param(bool, True, "each client's classes are distinct (FedRep)")},
+    "classes_uniform_shares": {"classes_per_client": _cpc,
+                               "low": Param(float, 0.4, "share lower bound", low=0.0, high=1.0),
+                               "high": Param(float, 0.6, "share upper bound", low=0.0, high=1.0)},
+    "by_domain": {},
+    "lognormal": {"classes_per_client": Param(int, 3, "distinct classes per client (FedRep's FEMNIST: 3)", low=1),
+                  "mean_size": Param(float, 148.0, "average samples a client (FedRep's FEMNIST: 148)", low=0.0,
+                                     low_open=True),
+                  "sigma": Param(float, 1.0, "shape of the log-normal sizes (ours: not stated)", low=0.0),
+                  "min_size": Param(int, 1, "smallest client", low=0)},
+}
+
+SPLIT_SCHEMAS: dict[str, dict[str, Param]] = {
+    "random": {"fractions": Param(tuple, (0.8, 0.2), "(train, test) or (train, val, test) fractions"),
+               "stratify": Param(bool, True, "split each client's classes proportionally")},
+    "perfed_ckt": {"train_choices": Param(tuple, (0.1, 0.3, 0.4), "train fraction drawn per client from these"),
+                   "val_fraction": Param(float, 0.1, "", low=0.0, high=1.0),
+                   "test_fraction": Param(float, 0.5, "", low=0.0, high=1.0),
+                   "stratify": Param(bool, True, "")},
+    "domain_test": {},
+    "global_test_by_proportion": {"scale": Param(float, None, "local test size = scale x train size "
+                                                 "(default |test|/|train|)", low=0.0, low_open=True)},
+}

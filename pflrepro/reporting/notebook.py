@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import experiments, report
-from .runs import REPO_ROOT
+from ..paths import REPO_ROOT
+from ..pipeline import experiments
+from . import tables as report
 
 
 def _assigned(source: str) -> set[str]:
@@ -71,9 +72,9 @@ class Experiment:
 
     # ---- run
     def run(self, progress: bool | str = True, jobs: int | str | None = None, executor: str | None = None) -> dict:
-        """Load stored runs, train missing ones (on `executor`, "local" or "ray[:ADDRESS]": pflrepro.executors;
-        locally `jobs` at once: pflrepro.parallel); `progress`: True (bars), False, or "log" (plain lines to the
-        terminal, as `dvc repro` runs it: pflrepro.progress)."""
+        """Load stored runs, train missing ones (on `executor`, "local" or "ray[:ADDRESS]": pflrepro.pipeline.executors;
+        locally `jobs` at once: pflrepro.pipeline.parallel); `progress`: True (bars), False, or "log" (plain lines to the
+        terminal, as `dvc repro` runs it: pflrepro.pipeline.progress)."""
         self.results = experiments.run_grid(self.configs, root=self.store, progress=progress, jobs=jobs,
                                             name=self.name, executor=executor,
                                             announce_cost=self.profile == "paper")
@@ -151,7 +152,7 @@ class Experiment:
         if results:
             runs = self.tidy(results)
             runs.to_csv(self.res_dir / "runs.csv", index=False)
-            for r in runs[runs["health"] != ""].itertuples(index=False):   # pflrepro.health: read its curve
+            for r in runs[runs["health"] != ""].itertuples(index=False):   # pflrepro.reporting.health: read its curve
                 print(f"health: {r.method} / {r.setting} / seed {r.seed} ({r.run}): {r.health}")
         prov = {"notebook": self.name, "profile": self.profile, "banner": self.banner,
                 "runs": {"/".join(map(str, k)): {"path": str(r.path.name),

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from .config import RunConfig
+from ..federation.config import RunConfig
 
 GPU_FLOPS = 10e12   # stated: about half an A100's 19.5 TFLOP/s FP32 peak, sustained on ResNet-size batches
 GPU_NAME = "a GPU sustaining 10 TFLOP/s (half an A100's FP32 peak)"
@@ -32,9 +32,9 @@ GPU_NAME = "a GPU sustaining 10 TFLOP/s (half an A100's FP32 peak)"
 @functools.lru_cache(maxsize=None)
 def forward_flops(model: str, dataset: str) -> int:
     """FLOPs of one sample's forward pass of `model` on `dataset`'s image shape (no data needed)."""
-    from .clock import forward_flops as count
-    from .data import SPECS
-    from .models import build_model
+    from ..core.clock import forward_flops as count
+    from ..data.datasets import SPECS
+    from ..data.models import build_model
     s = SPECS[dataset]
     return count(build_model(model, s.channels, s.num_classes, s.size), torch.zeros(1, s.channels, s.size, s.size))
 
@@ -42,8 +42,8 @@ def forward_flops(model: str, dataset: str) -> int:
 @functools.lru_cache(maxsize=None)
 def train_rate(model: str, dataset: str, batch: int, threads: int, steps: int = 3) -> float:
     """Training FLOP/s of `model` on this machine: SGD steps on a random batch, timed after one warm-up."""
-    from .data import SPECS
-    from .models import build_model
+    from ..data.datasets import SPECS
+    from ..data.models import build_model
     s = SPECS[dataset]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

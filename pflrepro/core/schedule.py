@@ -1,9 +1,9 @@
 """Who trains when, and when the server steps: synchronous rounds, FedAsync and FedBuff (SCD Table 9).
 
-The round loop (`engine.run_rounds`) asks its schedule, once per server step t:
+The round loop (`loop.run_rounds`) asks its schedule, once per server step t:
     dispatch(t)  -> the clients that start training now, from the current global model
     launch(...)  -> their updates (trained at once: training is a function of the model they received)
-                    go in flight, each arriving at a time the simulated clock gives (pflrepro.clock)
+                    go in flight, each arriving at a time the simulated clock gives (pflrepro.core.clock)
     collect(t)   -> the updates the server folds in at this step, and the clock's time after it
     aggregate()  -> the new server state
 `Synchronous` is FedAvg's round: the sampled clients, all collected, `Algorithm.aggregate` (so every
@@ -19,10 +19,16 @@ Only the uploaded `params` entries are mixed; integer buffers take the arriving 
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
-from .config import Param
+from ..params import Param
+from .seeds import derive_seed
+
+if TYPE_CHECKING:
+    from ..federation.config import RunConfig
 
 SCHEDULE_SCHEMA: dict[str, Param] = {
     "mode": Param(str, "sync", "'sync' (rounds), 'fedasync' or 'fedbuff' (asynchronous server on the simulated clock)",
@@ -37,7 +43,7 @@ SCHEDULE_SCHEMA: dict[str, Param] = {
 
 def trained_share(cfg) -> float:
     """The share of the clients whose training a server step takes: the sampled share of a round, or one (FedAsync)
-    or K (FedBuff) arrivals of n clients (pflrepro.parallel.work's estimate)."""
+    or K (FedBuff) arrivals of n clients (pflrepro.pipeline.parallel.work's estimate)."""
     if cfg.schedule["mode"] == "sync":    # cfg.schedule: filled and checked by RunConfig
         return cfg.participation
     return min(1.0, (1 if cfg.schedule["mode"] == "fedasync" else cfg.schedule["buffer"]) / cfg.n_clients)
@@ -52,7 +58,6 @@ class Synchronous:
         self._round: tuple = ((), ())
 
     def dispatch(self, rnd: int) -> list[int]:
-        from .engine import sample_clients
         return sample_clients(self.cfg, rnd, self.n_train)
 
     def launch(self, rnd, selected, updates, server, clock) -> None:
@@ -83,7 +88,6 @@ class Asynchronous(Synchronous):
         self.jobs: list[dict] = []     # in flight: client, arrival time, version trained from, update
 
     def dispatch(self, rnd):
-        from .engine import derive_seed
         busy = {j["k"] for j in self.jobs}
         idle = [k for k in range(self.cfg.n_clients - self.cfg.new_clients) if k not in busy]
         n = min(self.width - len(busy), len(idle))
@@ -137,3 +141,19 @@ def mix(w: torch.Tensor, w_new: torch.Tensor, a: float) -> torch.Tensor:
 
 def make_schedule(cfg, n_train: np.ndarray) -> Synchronous:
     return Asynchronous(cfg, n_train) if cfg.schedule.get("mode", "sync") != "sync" else Synchronous(cfg, n_train)
+
+
+# ---- moved here from pflrepro.engine
+
+# ---------------------------------------------------------------- the round loop
+def sample_clients(cfg: RunConfig, rnd: int, n_train: np.ndarray) -> list[int]:
+    """The round's clients, among the K - `new_clients` that take part in training (SCD Fig. 3 holds the last
+    `new_clients` out: they join after training, pflrepro.papers.newclients)."""
+    K = cfg.n_clients - cfg.new_clients
+    m = max(1, int(round(cfg.participation * K)))
+    rng = np.random.default_rng(derive_seed(cfg.seed, rnd, 0x5A3))
+    if m >= K:
+        return list(range(K))
+    n_train = n_train[:K]
+    p = None if cfg.sampling == "uniform" else n_train / n_train.sum()
+    return sorted(int(k) for k in rng.choice(K, size=m, replace=False, p=p))

@@ -61,4 +61,4 @@ def rule() -> str:
     """The rules in one sentence, for a report."""
     return (f"collapse = a round's mean training loss at least {SPIKE_RATIO:g}x the lowest earlier round's (and "
             f"{SPIKE_NATS:g} nat above it), with the last evaluation {COLLAPSE_POINTS:g}+ points under the run's "
-            f"best; fall = the last evaluation {FALL_POINTS:g}+ points under the best (pflrepro/health.py)")
+            f"best; fall = the last evaluation {FALL_POINTS:g}+ points under the best (pflrepro/reporting/health.py)")

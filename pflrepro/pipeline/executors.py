@@ -4,7 +4,7 @@ Like `jobs`, the executor is an execution setting: it never enters a run's conte
 either lands in the caller's store as the same files with the same metrics (bit for bit at equal threads:
 tests/test_executors.py).
 
-    "local"                 runs side by side on this machine, `jobs` at once (pflrepro.parallel; the default)
+    "local"                 runs side by side on this machine, `jobs` at once (pflrepro.pipeline.parallel; the default)
     "ray"                   a Ray cluster: the one at $RAY_ADDRESS if set, else a local Ray instance for the grid
     "ray:ADDRESS"           the cluster at ADDRESS ("auto", "10.0.0.5:6379")
     "ray:ADDRESS,cpus=4,gpus=0.5,shared"   options after the address (the address may be left empty: "ray:,cpus=2")
@@ -20,10 +20,10 @@ tests/test_executors.py).
                 complete exactly when that file exists).
 
 Ray retries a task whose node died (`retries`, default 3) on another node; the retry first fetches the run's last
-shipped checkpoint from the driver's store, so it resumes from there (runs.run resumes from a checkpoint). Every
+shipped checkpoint from the driver's store, so it resumes from there (store.run resumes from a checkpoint). Every
 node must be able to import pflrepro (the driver's source tree is put first on the tasks' PYTHONPATH, which serves a
 node that shares it) and load the runs' datasets ($PFLREPRO_DATA); a task refuses to train when its node's
-result-affecting code differs from the driver's (runs.code_fingerprint), so a store never mixes code versions.
+result-affecting code differs from the driver's (store.code_fingerprint), so a store never mixes code versions.
 
 `Claims` makes a run train once even with two drivers on one store (two `dvc repro`s, a notebook beside a
 pipeline): each driver holds an exclusive lock on every run it trains, and waits for runs another holds.
@@ -37,9 +37,10 @@ import threading
 import time
 from pathlib import Path
 
-from .config import ConfigError, RunConfig
+from ..federation.config import RunConfig
+from ..params import ConfigError
 
-SRC = str(Path(__file__).resolve().parents[1])
+SRC = str(Path(__file__).resolve().parents[2])
 RESUME_FILES = ("config.json", "partition.npz", "checkpoint.pt")   # what a run needs to resume elsewhere
 SHIP_EVERY = 30.0   # default seconds between checkpoints shipped to the driver's store (_Shipper)
 
@@ -116,15 +117,15 @@ def check_datasets(configs: list[RunConfig]) -> None:
     """Load every dataset the runs read (their data and public sets) before the first one trains: a paper-profile
     grid whose later rows need a dataset this machine lacks stops now with the loader's message (what to install,
     where to put files), not after hours of training its first rows. The loads are the ones the runs in this
-    process make anyway (runs._raw keeps them). A Ray driver does not check: its nodes hold the data."""
-    from .runs import _raw
+    process make anyway (federation.build.raw_dataset keeps them). A Ray driver does not check: its nodes hold the data."""
+    from ..federation.build import raw_dataset
     names = {c.dataset for c in configs} | {c.public["dataset"] for c in configs if c.public.get("dataset")}
     for name in sorted(names):
-        _raw(name)
+        raw_dataset(name)
 
 
 class LocalExecutor:
-    """This machine: `jobs` runs at once, each at threads_per_run(jobs) threads (pflrepro.parallel)."""
+    """This machine: `jobs` runs at once, each at threads_per_run(jobs) threads (pflrepro.pipeline.parallel)."""
 
     name = "local"
 
@@ -175,12 +176,12 @@ class RayExecutor:
         return gpus
 
     def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False) -> None:
-        from . import parallel, runs
+        from . import parallel, store
         ray = _ray()
         started = not ray.is_initialized()
         if started:
             ray.init(address=self.address, include_dashboard=False)
-        root = Path(root if root is not None else runs.results_root() / "runs").resolve()
+        root = Path(root if root is not None else store.results_root() / "runs").resolve()
         keeper, refs = None, {}
         env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}}
         try:
@@ -192,14 +193,14 @@ class RayExecutor:
             task = ray.remote(_train_task).options(num_cpus=self.cpus, num_gpus=self._gpus(configs, ray),
                                                    max_retries=self.retries, runtime_env=env)
             for cfg in sorted(configs, key=parallel.work, reverse=True):
-                refs[task.remote(cfg.to_dict(), runs.code_fingerprint(cfg.algorithm), self.cpus,
+                refs[task.remote(cfg.to_dict(), store.code_fingerprint(cfg.algorithm), self.cpus,
                                  str(root) if self.shared else None, keeper, self.ship)] = cfg
             while refs:
                 ready, _ = ray.wait(list(refs), num_returns=1)
                 cfg = refs.pop(ready[0])
                 files = ray.get(ready[0])   # the task's error, raised here, once its retries are spent
                 if files is not None:
-                    write_run(runs.run_dir(cfg, root), files)
+                    write_run(store.run_dir(cfg, root), files)
                 if on_done:
                     on_done(cfg)
         except BaseException:
@@ -314,24 +315,24 @@ def _train_task(cfg_dict: dict, fingerprint: str, threads: int, shared_root: str
     shared store itself."""
     import torch
 
-    from . import runs
+    from . import store
     from .progress import HEARTBEAT
     cfg = RunConfig.from_dict(cfg_dict)
-    if runs.code_fingerprint(cfg.algorithm) != fingerprint:
-        raise RuntimeError(f"this node's pflrepro ({runs.__file__}) differs from the driver's in code that changes "
+    if store.code_fingerprint(cfg.algorithm) != fingerprint:
+        raise RuntimeError(f"this node's pflrepro ({store.__file__}) differs from the driver's in code that changes "
                            f"{cfg.algorithm}'s results: install the driver's version on every node")
     torch.set_num_threads(threads)
     if shared_root is not None:
-        runs.run(cfg, root=shared_root, progress=False)
+        store.run(cfg, root=shared_root, progress=False)
         return None
     import ray
     with tempfile.TemporaryDirectory(prefix="pflrepro-run-") as tmp:
-        path = runs.run_dir(cfg, tmp)
+        path = store.run_dir(cfg, tmp)
         path.mkdir(parents=True)
         for f, blob in ray.get(keeper.fetch.remote(path.name)).items():
             (path / f).write_bytes(blob)
         with _Shipper(path, keeper, ship):
-            runs.run(cfg, root=tmp, progress=False)
+            store.run(cfg, root=tmp, progress=False)
         return {f.name: f.read_bytes() for f in path.iterdir() if f.is_file() and f.name != HEARTBEAT}
 
 

@@ -1,6 +1,6 @@
 """Batched local training: the training primitive for many clients at once.
 
-`local_train_many` is `engine.local_train` for C clients of one architecture: their parameters,
+`local_train_many` is `training.local_train` for C clients of one architecture: their parameters,
 buffers and momentum are stacked along a leading client dimension and one step of all of them is
 one call of `vmap(grad_and_value(loss))` (`torch.func`), followed by one SGD update of the stacked
 tensors. Per client it does what `local_train` does, in the same order:
@@ -24,7 +24,7 @@ tensors. Per client it does what `local_train` does, in the same order:
 Floating point differs from the per-client path only by kernel choice (batched matmuls and
 grouped convolutions instead of per-client ones; summation order), see docs/performance.md.
 
-The loss must be a *batchable* term (`engine.batchable`): `loss(m, x, y, aux)`, reaching
+The loss must be a *batchable* term (`training.batchable`): `loss(m, x, y, aux)`, reaching
 per-client tensors only through `aux` (`Plan.aux`, plus the batch's rows of `Plan.per_sample`).
 
 `batched_round` is the round loop's batched branch: it asks the algorithm for every selected
@@ -37,14 +37,16 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 from torch.func import grad_and_value, vmap
 
-from .engine import (Context, Divergence, ModelView, Plan, Then, TrainStats, ce_loss, derive_seed, is_batchable,
-                     train_mode, train_one)
+from .context import Context, Plan, Then, train_one
+from .seeds import derive_seed
+from .training import Divergence, ModelView, TrainStats, ce_loss, decay_groups, is_batchable, train_mode
 
 
 class NotBatchable(RuntimeError):
@@ -58,8 +60,7 @@ class MemoryBudgetError(RuntimeError):
 def uses_plans(algo) -> bool:
     """True for algorithms whose client step is plan -> train -> finish (they do not override
     `client_update`): those can be batched."""
-    from .algorithms.base import Algorithm
-    return isinstance(algo, Algorithm) and type(algo).client_update is Algorithm.client_update
+    return bool(getattr(algo, "uses_plans", False))
 
 
 # ---------------------------------------------------------------- dropout with per-client masks
@@ -226,40 +227,27 @@ def sgd_update(params: list, grads: list, bufs: list, *, lr: float, momentum: fl
         p.add_(d, alpha=-lr)
 
 
-def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch.Tensor,
-                     index: list[torch.Tensor], *, epochs: int, batch_size: int, lr: float,
-                     momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
-                     bias_decay: bool = True, loss=ce_loss, trainable=None, seeds: list[int],
-                     steps: int | list | None = None,
-                     aux: list[dict] | None = None, per_sample: list[dict] | None = None) -> list[tuple[dict, TrainStats]]:
-    """`engine.local_train` for C clients at once (see the module docstring).
+@dataclass
+class _Schedule:
+    """Per client, the batches `local_train` would take, in the same order. Clients are sorted by step count
+    (`order`; `rank[i]` is client i's row), so the clients still training at step t are the first `active[t]`."""
+    T: list            # steps per client
+    order: list
+    rank: dict
+    Tmax: int
+    idx: torch.Tensor  # (C, Tmax, B) rows of x, y
+    loc: torch.Tensor  # (C, Tmax, B) positions in the client's own rows (for per-sample tensors)
+    bsz: np.ndarray    # (C, Tmax) batch sizes
+    active: np.ndarray
 
-    `module` gives the architecture only (its own weights are not used or changed); client i
-    starts from `starts[i]` (a state dict), trains on rows `index[i]` of (`x`, `y`) with seed
-    `seeds[i]`, and receives `aux[i]` (plus its rows of `per_sample[i]`) in the loss term.
-    `steps` (one for all, or a list: one per client, None = `epochs`) caps each client's steps.
-    Returns, per client, its final state dict (views into the stacked tensors: clone what you keep)
-    and its TrainStats."""
-    if not is_batchable(loss):
-        raise NotBatchable("the loss term is not batchable (see engine.batchable)")
-    C = len(starts)
-    dev = x.device
-    aux = aux if aux is not None else [{} for _ in range(C)]
-    per_sample = per_sample if per_sample is not None else [{} for _ in range(C)]
-    names_p = [n for n, _ in module.named_parameters()]
-    names_b = [n for n, _ in module.named_buffers()]
-    keys = list(module.state_dict().keys())
-    train_names = [n for n in names_p if trainable is None or trainable(n)]
-    frozen_names = [n for n in names_p if not (trainable is None or trainable(n))]
 
-    # ---- schedule: per client, the batches local_train would take, in the same order
-    B = batch_size
+def _schedule(index: list, seeds: list, *, epochs: int, batch_size: int, steps) -> _Schedule:
+    C, B = len(index), batch_size
     n = [int(len(ix)) for ix in index]
     spe = [math.ceil(m / B) for m in n]
     steps = steps if isinstance(steps, (list, tuple)) else [steps] * C      # per client, or one for all
     T = [0 if m == 0 else (st if st is not None else epochs * s) for m, s, st in zip(n, spe, steps)]
     order = sorted(range(C), key=lambda i: -T[i])     # stable: still-training clients form a prefix
-    rank = {i: r for r, i in enumerate(order)}
     Tmax = max(T) if T else 0
     idx_all = torch.zeros((C, max(Tmax, 1), B), dtype=torch.long)
     loc_all = torch.zeros_like(idx_all)
@@ -278,144 +266,205 @@ def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: 
             loc_all[r, t0:t0 + m] = padded[:m]
             idx_all[r, t0:t0 + m] = rows[padded[:m]]
             bsz[r, t0:t0 + m] = sizes[:m]
-    idx_all = idx_all.to(dev)
     active = (np.array(T)[None, :] > np.arange(Tmax)[:, None]).sum(1)   # clients still training at step t
+    return _Schedule(T, order, {i: r for r, i in enumerate(order)}, Tmax, idx_all, loc_all, bsz, active)
 
-    # ---- stacked state (in `order`)
+
+@dataclass
+class _Stack:
+    """The clients' state stacked along a leading client dimension (rows in `_Schedule.order`)."""
+    P: dict            # trainable parameters
+    FZ: dict           # frozen parameters (shared leaves stay unstacked: fz_dims None)
+    fz_dims: dict
+    BUF: dict          # buffers (BN statistics)
+    MOM: dict          # momentum
+    AUX: dict          # the loss term's aux tensors
+    aux_dims: dict
+    PS: dict           # per-sample tensors, padded to the longest client
+    ps_names: list
+
+
+def _stack(starts, order, train_names, frozen_names, names_b, aux, per_sample, momentum, dev) -> _Stack:
     st = [starts[i] for i in order]
     P = {nm: torch.stack([s[nm].detach().to(dev) for s in st]).contiguous() for nm in train_names}
     FZ, fz_dims = _stack_tree([{nm: s[nm] for nm in frozen_names} for s in st], dev)
     BUF = {nm: torch.stack([s[nm].detach().to(dev) for s in st]).contiguous() for nm in names_b}
     MOM = {nm: torch.zeros_like(t) for nm, t in P.items()} if momentum else {}
-    if bias_decay or weight_decay == 0:
-        decay_groups = [(list(P), weight_decay)]
-    else:   # FedRep's code: no weight decay on biases
-        decay_groups = [(g, wd) for g, wd in (([nm for nm in P if "bias" not in nm], weight_decay),
-                                              ([nm for nm in P if "bias" in nm], 0.0)) if g]
     AUX, aux_dims = _stack_tree([aux[i] for i in order], dev)
     ps_names = list(per_sample[0])
     PS = {nm: _pad_rows([per_sample[i][nm] for i in order], dev) for nm in ps_names}
-    loc_dev = loc_all.to(dev) if ps_names else None
-    tot = torch.zeros(C, dtype=torch.float64, device=dev)
-    cnt = np.zeros(C, dtype=np.int64)
+    return _Stack(P, FZ, fz_dims, BUF, MOM, AUX, aux_dims, PS, ps_names)
 
-    # ---- one step of one client, vmapped over clients
-    drops = _Dropouts(module)
 
-    def client_step(tp, fz, bufs, ax, xb, yb, masks):
+class _Gradients:
+    """One step of one client, `vmap`ped over the active clients: per-client gradients and loss values, with
+    each client's dropout masks drawn from its own generator."""
+
+    def __init__(self, module, loss, S: _Stack, sch: _Schedule, x, y, seeds):
+        self.module, self.loss, self.S, self.sch, self.x, self.y = module, loss, S, sch, x, y
+        self.names_p = [n for n, _ in module.named_parameters()]
+        self.dev = x.device
+        self.loc = sch.loc.to(self.dev) if S.ps_names else None
+        self.drops = _Dropouts(module)
+        ax_dims = {**S.aux_dims, **{nm: 0 for nm in S.ps_names}}
+        self.step = vmap(self._client_step, in_dims=(0, S.fz_dims, 0, ax_dims, 0, 0, 0), randomness="error")
+        self.calls_for: dict[int, list] = {}
+        self.gens = [torch.Generator().manual_seed(seeds[i]) for i in sch.order] if self.drops.layers else None
+
+    def _client_step(self, tp, fz, bufs, ax, xb, yb, masks):
         def f(tp, bufs):
-            params = {nm: (tp[nm] if nm in tp else fz[nm]) for nm in names_p}
-            with drops.using(masks):
-                return loss(ModelView(module, params, bufs), xb, yb, ax)
+            params = {nm: (tp[nm] if nm in tp else fz[nm]) for nm in self.names_p}
+            with self.drops.using(masks):
+                return self.loss(ModelView(self.module, params, bufs), xb, yb, ax)
         return grad_and_value(f)(tp, bufs)
 
-    ax_dims = {**aux_dims, **{nm: 0 for nm in ps_names}}
-    step = vmap(client_step, in_dims=(0, fz_dims, 0, ax_dims, 0, 0, 0), randomness="error")
-    calls_for: dict[int, list] = {}
-    gens = [torch.Generator().manual_seed(seeds[i]) for i in order] if drops.layers else None
-
-    def record_calls(b: int):
+    def _record_calls(self, b: int):
         """The dropout draws of one step at batch size b (a no-grad dry run of the first client)."""
-        if not drops.layers:
-            return []
-        r0 = 0
-        params = {nm: (P[nm][r0] if nm in P else _row(FZ[nm], fz_dims[nm], r0)) for nm in names_p}
-        bufs = {nm: t[r0].clone() for nm, t in BUF.items()}
-        ax = {**_row(AUX, aux_dims, r0), **{nm: PS[nm][r0, :b] for nm in ps_names}}
-        i0 = idx_all[r0, 0, :b]
-        with torch.no_grad(), drops.recording() as calls:
-            loss(ModelView(module, params, bufs), x[i0], y[i0], ax)
+        S, r0 = self.S, 0
+        params = {nm: (S.P[nm][r0] if nm in S.P else _row(S.FZ[nm], S.fz_dims[nm], r0)) for nm in self.names_p}
+        bufs = {nm: t[r0].clone() for nm, t in S.BUF.items()}
+        ax = {**_row(S.AUX, S.aux_dims, r0), **{nm: S.PS[nm][r0, :b] for nm in S.ps_names}}
+        i0 = self.sch.idx[r0, 0, :b]
+        with torch.no_grad(), self.drops.recording() as calls:
+            self.loss(ModelView(self.module, params, bufs), self.x[i0], self.y[i0], ax)
         return calls
 
+    def _group(self, t: int, A: int, b: int, pos):
+        """Gradients of the active clients at positions `pos` (None: all A), whose batch size at step t is b."""
+        S, dev = self.S, self.dev
+        sel = slice(0, A) if pos is None else torch.as_tensor(pos, device=dev)
+        take = (lambda tt: tt[:A]) if pos is None else (lambda tt: tt.index_select(0, sel))
+        tp = {nm: take(tt) for nm, tt in S.P.items()}
+        bufs = {nm: take(tt) for nm, tt in S.BUF.items()}
+        fz = _take(S.FZ, S.fz_dims, sel)
+        ax = _take(S.AUX, S.aux_dims, sel)
+        bidx = take(self.sch.idx[:, t, :b])
+        if S.ps_names:
+            lidx = take(self.loc[:, t, :b])
+            rows = torch.arange(A, device=dev)[:, None] if pos is None else sel[:, None]
+            ax = {**ax, **{nm: S.PS[nm][rows, lidx] for nm in S.ps_names}}
+        masks = []
+        if self.drops.layers:
+            if b not in self.calls_for:
+                self.calls_for[b] = self._record_calls(b)
+            who = range(A) if pos is None else pos
+            masks = draw_masks(self.calls_for[b], [self.gens[r] for r in who], dev)
+        try:
+            g, v = self.step(tp, fz, bufs, ax, self.x[bidx], self.y[bidx], masks)
+        except RuntimeError as e:
+            if "randomness" in str(e) and t == 0:
+                raise NotBatchable(f"the loss term draws random numbers the batched engine cannot "
+                                   f"reproduce per client: {e}") from e
+            raise
+        if pos is not None:           # gathered copies: BN statistics go back to the stack
+            for nm, tt in S.BUF.items():
+                tt.index_copy_(0, sel, bufs[nm])
+        return sel, g, v
+
+    def __call__(self, t: int, A: int, sizes: np.ndarray):
+        """Gradients and loss values of the whole active prefix at step t (one vmap call per batch size)."""
+        if (sizes == sizes[0]).all():
+            return self._group(t, A, int(sizes[0]), None)[1:]
+        parts = [self._group(t, A, int(b), np.flatnonzero(sizes == b)) for b in np.unique(sizes)]
+        G = {nm: torch.empty((A,) + tuple(tt.shape[1:]), dtype=tt.dtype, device=self.dev) for nm, tt in self.S.P.items()}
+        vals = torch.empty(A, dtype=parts[0][2].dtype, device=self.dev)
+        for sel, g, v in parts:
+            for nm in G:
+                G[nm].index_copy_(0, sel, g[nm])
+            vals.index_copy_(0, sel, v)
+        return G, vals
+
+
+def _clip(G: dict, A: int, grad_clip: float) -> None:
+    """Each client's gradients scaled to total norm <= grad_clip (as `clip_grad_norm_` per client)."""
+    norms = torch.stack([torch.linalg.vector_norm(G[nm].reshape(A, -1), 2, dim=1) for nm in G], 1)
+    total = torch.linalg.vector_norm(norms, 2, dim=1)
+    coef = torch.clamp(grad_clip / (total + 1e-6), max=1.0)
+    for nm in G:
+        G[nm].mul_(coef.view((A,) + (1,) * (G[nm].dim() - 1)))
+
+
+def _check_finite(vals: torch.Tensor, t: int, order: list) -> None:
+    if not bool(torch.isfinite(vals).all()):
+        r = int(torch.nonzero(~torch.isfinite(vals))[0])
+        raise Divergence(f"loss became {vals[r].item()} at local step {t} of the client at "
+                         f"position {order[r]} of this batch of clients: the run diverged "
+                         f"(lower the learning rate, or check the loss term)")
+
+
+def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch.Tensor,
+                     index: list[torch.Tensor], *, epochs: int, batch_size: int, lr: float,
+                     momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
+                     bias_decay: bool = True, loss=ce_loss, trainable=None, seeds: list[int],
+                     steps: int | list | None = None,
+                     aux: list[dict] | None = None, per_sample: list[dict] | None = None) -> list[tuple[dict, TrainStats]]:
+    """`training.local_train` for C clients at once (see the module docstring).
+
+    `module` gives the architecture only (its own weights are not used or changed); client i
+    starts from `starts[i]` (a state dict), trains on rows `index[i]` of (`x`, `y`) with seed
+    `seeds[i]`, and receives `aux[i]` (plus its rows of `per_sample[i]`) in the loss term.
+    `steps` (one for all, or a list: one per client, None = `epochs`) caps each client's steps.
+    Returns, per client, its final state dict (views into the stacked tensors: clone what you keep)
+    and its TrainStats."""
+    if not is_batchable(loss):
+        raise NotBatchable("the loss term is not batchable (see training.batchable)")
+    C, dev = len(starts), x.device
+    aux = aux if aux is not None else [{} for _ in range(C)]
+    per_sample = per_sample if per_sample is not None else [{} for _ in range(C)]
+    names_p = [n for n, _ in module.named_parameters()]
+    train_names = [n for n in names_p if trainable is None or trainable(n)]
+    frozen_names = [n for n in names_p if not (trainable is None or trainable(n))]
+    # ---- schedule: per client, the batches local_train would take, in the same order
+    sch = _schedule(index, seeds, epochs=epochs, batch_size=batch_size, steps=steps)
+    sch.idx = sch.idx.to(dev)
+    # ---- stacked state (in `order`)
+    S = _stack(starts, sch.order, train_names, frozen_names, [n for n, _ in module.named_buffers()], aux,
+               per_sample, momentum, dev)
+    groups = decay_groups(list(S.P), weight_decay, bias_decay)
+    tot = torch.zeros(C, dtype=torch.float64, device=dev)
+    cnt = np.zeros(C, dtype=np.int64)
+    # ---- one step of one client, vmapped over clients; then one SGD update of the stacked tensors
+    grads = _Gradients(module, loss, S, sch, x, y, seeds)
     bad = torch.zeros((), dtype=torch.bool, device=dev)
-    with train_mode(module), drops.installed():
-        for t in range(Tmax):
-            A = int(active[t])
-            sizes = bsz[:A, t]
-            if (sizes == sizes[0]).all():
-                groups = [(int(sizes[0]), None)]
-            else:
-                groups = [(int(b), np.flatnonzero(sizes == b)) for b in np.unique(sizes)]
-            parts = []
-            for b, pos in groups:
-                sel = slice(0, A) if pos is None else torch.as_tensor(pos, device=dev)
-                take = (lambda tt: tt[:A]) if pos is None else (lambda tt: tt.index_select(0, sel))
-                tp = {nm: take(tt) for nm, tt in P.items()}
-                bufs = {nm: take(tt) for nm, tt in BUF.items()}
-                fz = _take(FZ, fz_dims, sel)
-                ax = _take(AUX, aux_dims, sel)
-                bidx = take(idx_all[:, t, :b])
-                if ps_names:
-                    lidx = take(loc_dev[:, t, :b])
-                    rows = torch.arange(A, device=dev)[:, None] if pos is None else sel[:, None]
-                    ax = {**ax, **{nm: PS[nm][rows, lidx] for nm in ps_names}}
-                if drops.layers:
-                    if b not in calls_for:
-                        calls_for[b] = record_calls(b)
-                    who = range(A) if pos is None else pos
-                    masks = draw_masks(calls_for[b], [gens[r] for r in who], dev)
-                else:
-                    masks = []
-                try:
-                    g, v = step(tp, fz, bufs, ax, x[bidx], y[bidx], masks)
-                except RuntimeError as e:
-                    if "randomness" in str(e) and t == 0:
-                        raise NotBatchable(f"the loss term draws random numbers the batched engine cannot "
-                                           f"reproduce per client: {e}") from e
-                    raise
-                if pos is not None:           # gathered copies: BN statistics go back to the stack
-                    for nm, tt in BUF.items():
-                        tt.index_copy_(0, sel, bufs[nm])
-                parts.append((pos, sel, b, g, v))
-            # gradients of the whole active prefix
-            if len(parts) == 1:
-                G, vals = parts[0][3], parts[0][4]
-            else:
-                G = {nm: torch.empty((A,) + tuple(tt.shape[1:]), dtype=tt.dtype, device=dev) for nm, tt in P.items()}
-                vals = torch.empty(A, dtype=parts[0][4].dtype, device=dev)
-                for pos, sel, b, g, v in parts:
-                    for nm in G:
-                        G[nm].index_copy_(0, sel, g[nm])
-                    vals.index_copy_(0, sel, v)
+    with train_mode(module), grads.drops.installed():
+        for t in range(sch.Tmax):
+            A = int(sch.active[t])
+            sizes = sch.bsz[:A, t]
+            G, vals = grads(t, A, sizes)
             nb = torch.as_tensor(sizes, dtype=torch.float64, device=dev)
             if dev.type == "cpu":
-                if not bool(torch.isfinite(vals).all()):
-                    r = int(torch.nonzero(~torch.isfinite(vals))[0])
-                    raise Divergence(f"loss became {vals[r].item()} at local step {t} of the client at "
-                                     f"position {order[r]} of this batch of clients: the run diverged "
-                                     f"(lower the learning rate, or check the loss term)")
+                _check_finite(vals, t, sch.order)
             else:
                 bad |= ~torch.isfinite(vals).all()
             tot[:A] += vals.double() * nb
             cnt[:A] += sizes
             if grad_clip > 0:
-                norms = torch.stack([torch.linalg.vector_norm(G[nm].reshape(A, -1), 2, dim=1) for nm in G], 1)
-                total = torch.linalg.vector_norm(norms, 2, dim=1)
-                coef = torch.clamp(grad_clip / (total + 1e-6), max=1.0)
-                for nm in G:
-                    G[nm].mul_(coef.view((A,) + (1,) * (G[nm].dim() - 1)))
-            for names, wd in decay_groups:    # one group (every parameter) unless biases are exempt
-                sgd_update([P[nm][:A] for nm in names], [G[nm] for nm in names],
-                           [MOM[nm][:A] for nm in names] if momentum else [],
+                _clip(G, A, grad_clip)
+            for names, wd in groups:    # one group (every parameter) unless biases are exempt
+                sgd_update([S.P[nm][:A] for nm in names], [G[nm] for nm in names],
+                           [S.MOM[nm][:A] for nm in names] if momentum else [],
                            lr=lr, momentum=momentum, weight_decay=wd, first=t == 0)
     if dev.type != "cpu" and bool(bad):
         raise Divergence("a loss became non-finite during batched local training: the run diverged "
                          "(lower the learning rate, or check the loss term)")
+    # ---- per client: its state (views into the stack) and its statistics
+    return _unstack(module, S, sch, tot.cpu().tolist(), cnt)
 
+
+def _unstack(module: nn.Module, S: _Stack, sch: _Schedule, tot: list, cnt: np.ndarray) -> list:
     out = []
-    tot_cpu = tot.cpu().tolist()
-    for i in range(C):
-        r = rank[i]
+    for i in range(len(sch.T)):
+        r = sch.rank[i]
         state = {}
-        for nm in keys:
-            if nm in P:
-                state[nm] = P[nm][r]
-            elif nm in BUF:
-                state[nm] = BUF[nm][r]
+        for nm in module.state_dict().keys():
+            if nm in S.P:
+                state[nm] = S.P[nm][r]
+            elif nm in S.BUF:
+                state[nm] = S.BUF[nm][r]
             else:
-                state[nm] = _row(FZ[nm], fz_dims[nm], r)
+                state[nm] = _row(S.FZ[nm], S.fz_dims[nm], r)
         c = int(cnt[r])
-        out.append((state, TrainStats(tot_cpu[r] / max(c, 1), T[i], c)))
+        out.append((state, TrainStats(tot[r] / max(c, 1), sch.T[i], c)))
     return out
 
 
@@ -512,7 +561,7 @@ def check_memory(ctx: Context, algo, first: int, server: dict, clients: dict) ->
         plan = algo.plan(first, k, server, clients.get(k))
         if cfg.engine == "batched" and not is_batchable(plan.loss):
             raise NotBatchable(f"engine='batched': algorithm {cfg.algorithm!r} gives an older-form loss term "
-                               f"(not engine.batchable); use engine='auto' or 'per_client'")
+                               f"(not training.batchable); use engine='auto' or 'per_client'")
         need = _need(ctx, k, plan)
         if need["total"] > cfg.memory_budget_mb * 2**20:
             if cfg.engine == "batched":

@@ -29,8 +29,10 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, RunConfig
-from .runs import METRICS, OPTIONAL_METRICS, REPO_ROOT, RunResult, results_root, run, run_dir
+from ..federation.config import RunConfig
+from ..params import ConfigError
+from ..paths import REPO_ROOT, results_root
+from .store import METRICS, OPTIONAL_METRICS, RunResult, run, run_dir
 
 PROFILES = ("smoke", "mini", "paper")
 
@@ -153,13 +155,13 @@ def run_grid(configs: dict, root: Path | str | None = None, progress: bool | str
              announce_cost: bool = False) -> dict[tuple, RunResult]:
     """Run (or load from the store) every config. Two keys naming the same config share one run.
 
-    Missing runs train on `executor` (pflrepro.executors: None = $PFLREPRO_EXECUTOR or "local"), locally
-    `jobs` at a time (pflrepro.parallel: None = $PFLREPRO_JOBS or "auto"). Each is claimed first, so a second
+    Missing runs train on `executor` (pflrepro.pipeline.executors: None = $PFLREPRO_EXECUTOR or "local"), locally
+    `jobs` at a time (pflrepro.pipeline.parallel: None = $PFLREPRO_JOBS or "auto"). Each is claimed first, so a second
     driver on the same store waits for it instead of training it again (executors.Claims). `announce_cost`:
-    first print what the missing runs cost (pflrepro.budget: FLOPs, time here and on a GPU), as for a paper profile.
+    first print what the missing runs cost (pflrepro.pipeline.budget: FLOPs, time here and on a GPU), as for a paper profile.
     `progress`: True = tqdm bars (one over runs; with one local job each run also shows its own), False =
     nothing, "log" = plain lines to stderr for logs (`dvc repro`: runs done, rounds of the runs in
-    flight, time left; pflrepro.progress.GridLog, headed `[name]`)."""
+    flight, time left; pflrepro.pipeline.progress.GridLog, headed `[name]`)."""
     from contextlib import nullcontext
 
     from . import executors, parallel
@@ -209,7 +211,7 @@ def output_dirs(name: str, out_dir: str | None) -> tuple[Path, Path, Path]:
 
     By default every notebook shares one content-addressed run store, `results/runs` (key =
     config + code fingerprint), so tables built from the same runs (Table 2 -> Tables 4, 5,
-    Figs. 6, 7) never train twice ($PFLREPRO_RESULTS moves results/, as for `runs.run`). A sweep
+    Figs. 6, 7) never train twice ($PFLREPRO_RESULTS moves results/, as for `store.run`). A sweep
     point with its own `out_dir` keeps its runs there."""
     res = Path(out_dir) if out_dir else results_root() / name
     res = res if res.is_absolute() else REPO_ROOT / res

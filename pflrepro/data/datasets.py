@@ -228,7 +228,7 @@ def _fake(spec: DatasetSpec, scale: float = 1.0) -> RawDataset:
 
 def tensor_cache_dir() -> Path:
     """Where `python -m pflrepro data NAME --save` puts tensor caches (the DVC `data` stage)."""
-    return Path(os.environ.get("PFLREPRO_TENSOR_CACHE", Path(__file__).resolve().parent.parent / "data"))
+    return Path(os.environ.get("PFLREPRO_TENSOR_CACHE", Path(__file__).resolve().parents[2] / "data"))
 
 
 def save_tensor_cache(ds: RawDataset, path: Path) -> Path:

@@ -85,7 +85,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent   # = runs.REPO_ROOT (not imported: no torch for a checklist)
+REPO_ROOT = Path(__file__).resolve().parents[2]   # = paths.REPO_ROOT (not imported: no torch for a checklist)
 CLAIMS_DIR = REPO_ROOT / "paper_numbers"
 DEFAULT_MIN_GAP = 1.0
 VERDICTS = ("holds", "fails", "undecided", "not run")

@@ -1,0 +1,239 @@
+"""Command line: `python -m pflrepro {run,list,data,partition,claims,report}` (also the `pflrepro` script).
+
+    python -m pflrepro run algorithm=fedprox hparams.mu=0.01 dataset=fmnist rounds=20
+    python -m pflrepro run --config my.yaml seed=1
+    python -m pflrepro list
+    python -m pflrepro data fmnist
+    python -m pflrepro partition partition=dirichlet partition_params.alpha=0.1 --out fig.png
+    python -m pflrepro claims [--results DIR] [--paper pfedsd] [--on-paper-numbers] [--format markdown]
+    python -m pflrepro report [--results DIR] [--figures DIR] [--out DIR]
+    python -m pflrepro train pfedsd_table2 pfedsd_table3 --out results/train/pfedsd.json [--jobs 2] [--executor ray]
+    python -m pflrepro cost pfedsd_table2 [--profile paper]
+    python -m pflrepro tune perfed_ckt_table1 --profile mini [--methods fedavg] [--apply]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import yaml
+
+from .params import ConfigError
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """`a=1 b.c=x` -> {"a": 1, "b": {"c": "x"}}; values parsed as YAML scalars/lists."""
+    out: dict = {}
+    for p in pairs:
+        if "=" not in p:
+            raise SystemExit(f"expected key=value, got {p!r}")
+        key, val = p.split("=", 1)
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(val)
+    return out
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _add_run(sub) -> None:
+    r = sub.add_parser("run", help="run one config (or return its stored result)")
+    r.add_argument("--config", help="YAML file with run settings")
+    r.add_argument("--force", action="store_true", help="rerun even if a stored result exists")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("overrides", nargs="*", help="key=value settings")
+
+
+def _add_list(sub) -> None:
+    sub.add_parser("list", help="list algorithms, models, datasets, partitioners, splits and run settings")
+
+
+def _add_data(sub) -> None:
+    d = sub.add_parser("data", help="load a dataset and print where it came from and its checks")
+    d.add_argument("name")
+    d.add_argument("--download", action="store_true")
+    d.add_argument("--save", help="also write a tensor cache (.pt, weights_only-loadable) here")
+
+
+def _add_partition(sub) -> None:
+    p = sub.add_parser("partition", help="draw a partition (clients x classes bubble chart)")
+    p.add_argument("--out", required=True)
+    p.add_argument("overrides", nargs="*")
+
+
+def _add_claims(sub) -> None:
+    from .reporting import claims
+    claims.add_arguments(sub.add_parser("claims", help="check the papers' claims on reproduced tables "
+                                        "(holds/fails/undecided/not run)"))
+
+
+def _add_report(sub) -> None:
+    from .reporting import replication
+    replication.add_arguments(sub.add_parser("report", help="one report (HTML with figures embedded, markdown, "
+                                             "summary): every stage, its provenance and compute, the claims"))
+
+
+def _add_train(sub) -> None:
+    t = sub.add_parser("train", help="train every run some notebooks need, as one queue (their default profiles); "
+                       "write the manifest of their runs")
+    t.add_argument("names", nargs="+", help="notebook names (params/<name>.yaml)")
+    t.add_argument("--out", help="write the manifest (JSON) here")
+    t.add_argument("--profile", help="instead of each params file's default profile")
+    t.add_argument("--jobs", help="runs at once ('auto' or an integer; default $PFLREPRO_JOBS or auto)")
+    t.add_argument("--executor", help="where missing runs train: local (default: $PFLREPRO_EXECUTOR or local), "
+                   "ray, ray:ADDRESS[,cpus=N,gpus=F,shared] (pflrepro.pipeline.executors)")
+    t.add_argument("--progress", default="log", choices=["log", "bars", "none"])
+
+
+def _add_cost(sub) -> None:
+    c = sub.add_parser("cost", help="what the notebooks' runs cost before they run: training FLOPs, time on this "
+                       "machine (measured rate) and on a GPU (stated rate)")
+    c.add_argument("names", nargs="+", help="notebook names (params/<name>.yaml)")
+    c.add_argument("--profile", default="paper", help="profile to cost (default: paper)")
+    c.add_argument("--jobs", type=int, help="runs at once on this machine (default: auto)")
+    c.add_argument("--missing", action="store_true", help="count only runs not in the store yet")
+
+
+def _add_tune(sub) -> None:
+    from .pipeline import tune
+    tune.add_arguments(sub.add_parser("tune", help="grid search over a notebook's methods (params/tune/<name>.yaml), "
+                                      "the best point per method; --apply records it in params/<name>.yaml"))
+
+
+def _config(a):
+    """The run config of `run` and `partition`: --config YAML, then key=value overrides, validated."""
+    from .federation.config import RunConfig
+    cfg_dict: dict = {}
+    if getattr(a, "config", None):
+        with open(a.config) as f:
+            cfg_dict = yaml.safe_load(f) or {}
+    return RunConfig.from_dict(_merge(cfg_dict, parse_overrides(a.overrides)))
+
+
+def _run(a) -> int:
+    from .pipeline.store import run
+    res = run(_config(a), progress=not a.quiet, force=a.force)
+    print(json.dumps({"path": str(res.path), "summary": res.summary}, indent=2))
+    return 0
+
+
+def _list(a) -> int:
+    from . import algorithms
+    from .data import datasets, models, partition
+    from .federation.config import RUN_SCHEMA
+    print("algorithms:", ", ".join(sorted(algorithms.ALGORITHMS)))
+    print("models:    ", ", ".join(sorted(models.MODELS)))
+    print("datasets:  ", ", ".join(datasets.DATASETS))
+    print("partitions:", ", ".join(sorted(partition.PARTITIONERS)))
+    print("splits:    ", ", ".join(sorted(partition.SPLITS)))
+    print("\nrun settings:")
+    for k, prm in RUN_SCHEMA.items():
+        print(f"  {k:<18} default={prm.default!r:<14} {prm.help}")
+    return 0
+
+
+def _data(a) -> int:
+    import hashlib
+    from pathlib import Path
+
+    from .data.datasets import load_dataset, save_tensor_cache
+    ds = load_dataset(a.name, download=a.download)
+    counts = ds.y_train.bincount(minlength=ds.spec.num_classes).tolist()
+    info = {"dataset": a.name, "source": ds.source, "train": list(ds.x_train.shape),
+            "test": list(ds.x_test.shape), "train_label_counts": counts,
+            "sha256_x_train": hashlib.sha256(ds.x_train.numpy().tobytes()).hexdigest()}
+    if a.save:
+        info["saved"] = str(save_tensor_cache(ds, Path(a.save)))
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def _partition(a) -> int:
+    from .data.partition import label_counts, plot_partition
+    from .federation.build import build_partition, raw_dataset
+    cfg = _config(a)
+    split = build_partition(cfg)
+    raw = raw_dataset(cfg.dataset)
+    y = (raw.pooled()[1] if cfg.pool == "train+test" else raw.y_train).numpy()
+    fig = plot_partition(label_counts(y, split["train"], raw.spec.num_classes),
+                         title=f"{cfg.dataset} {cfg.partition} {cfg.partition_params} K={cfg.n_clients}")
+    fig.savefig(a.out, dpi=120, bbox_inches="tight")
+    print(a.out)
+    return 0
+
+
+def _claims(a) -> int:
+    from .reporting import claims
+    return claims.run_cli(a)
+
+
+def _report(a) -> int:
+    from .reporting import replication
+    return replication.run_cli(a)
+
+
+def _tune(a) -> int:
+    from .pipeline import tune
+    return tune.run_cli(a)
+
+
+def _cost(a) -> int:
+    from .pipeline import budget
+    from .pipeline.experiments import grid, load_profile
+    from .pipeline.store import run_dir
+    try:
+        for name in a.names:
+            cfgs = [c for c in grid(load_profile(name, a.profile)).values()
+                    if not (a.missing and (run_dir(c) / "summary.json").exists())]
+            print(budget.describe(budget.grid_cost(cfgs, jobs=a.jobs), f"{name}/{a.profile}"))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _train(a) -> int:
+    from pathlib import Path
+
+    from .pipeline.experiments import train_notebooks
+    label = Path(a.out).stem if a.out else "train"
+    try:
+        manifest = train_notebooks(a.names, a.profile, a.jobs, {"log": "log", "bars": True, "none": False}[a.progress],
+                                   label=label, executor=a.executor)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text)
+    n = len({d for ds in manifest["notebooks"].values() for d in ds})
+    print(f"{len(a.names)} notebooks, {n} distinct runs stored" + (f"; manifest {a.out}" if a.out else ""))
+    return 0
+
+
+# verb -> (add its parser, run it): a new verb is one entry (docs/architecture.md)
+VERBS = {"run": (_add_run, _run), "list": (_add_list, _list), "data": (_add_data, _data),
+         "partition": (_add_partition, _partition), "claims": (_add_claims, _claims), "report": (_add_report, _report),
+         "train": (_add_train, _train), "cost": (_add_cost, _cost), "tune": (_add_tune, _tune)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="pflrepro", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for add, _ in VERBS.values():
+        add(sub)
+    a = ap.parse_args(argv)
+    try:  # a setting the data refuses (n_clients above the pool's samples) is a config error too: one line
+        return VERBS[a.cmd][1](a)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,169 @@
+"""The one round loop: sample, local updates, aggregate, evaluate, log, checkpoint.
+
+Nothing else in the code base loops over rounds. An algorithm (`pflrepro.algorithms.base.Algorithm`)
+only says what differs from FedAvg: the loss term it feeds `Context.train`, which parameters are
+trainable, what it keeps per client, what it uploads and how the server aggregates.
+
+State is explicit and made of tensors only, so a checkpoint is a plain `torch.save` of
+{round, server, clients, history} that `torch.load(weights_only=True)` reads back:
+- server state: dict[str, Tensor | dict] (e.g. {"params": global state_dict})
+- client state: dict[int, dict[str, Tensor | dict]] (personal models, teachers, ...)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from .aggregation import state_bytes
+from .batched import batched_round, check_memory, uses_plans
+from .clock import Clock, model_forward_flops
+from .context import Context
+from .schedule import make_schedule
+from .training import accuracy
+
+if TYPE_CHECKING:
+    from ..federation.config import RunConfig
+def evaluate(ctx: Context, algo, server: dict, clients: dict) -> tuple[dict, list[float]]:
+    """Evaluation protocol (docs/evaluation.md): GM on the global test set, every client's
+    PM on its own local test set; plain and sample-weighted means, std across clients."""
+    data = ctx.data
+    gm = algo.global_model(server)
+    if gm is None:
+        gm = algo.averaged_personal_model(server, clients)  # SCD Remark 4.1 (None if heterogeneous)
+    gm_acc = accuracy(gm, data.x_test, data.y_test) if gm is not None else float("nan")
+    accs = [float("nan")] * data.n_clients
+    generic = []
+    for k in range(data.n_clients - ctx.cfg.new_clients):   # new clients (never trained) are not scored here
+        pm = algo.personal_model(k, server, clients.get(k))
+        if pm is None:  # generic method: PM = GM on the local test set (Remark 4.1)
+            generic.append(k)
+            continue
+        accs[k] = accuracy(pm, *data.client_test(k))
+    if generic:
+        gm = algo.global_model(server)  # loaded once, after any personal model reused its module
+        for k in generic:
+            accs[k] = accuracy(gm, *data.client_test(k))
+    a = np.array(accs, dtype=np.float64)
+    w = data.n_train().numpy()
+    extra = {}
+    if ctx.cfg.eval_gm_local:    # the global model on every client's local test (PerFed-CKT's "Ditto (GM)")
+        gm = algo.global_model(server)
+        extra["gm_local_acc_mean"] = float("nan") if gm is None else float(np.nanmean(
+            [accuracy(gm, *data.client_test(k)) for k in range(data.n_clients - ctx.cfg.new_clients)]))
+    ok = ~np.isnan(a)
+    row = {
+        "gm_acc": gm_acc,
+        "pm_acc_mean": float(a[ok].mean()) if ok.any() else float("nan"),
+        "pm_acc_weighted": float((a[ok] * w[ok]).sum() / w[ok].sum()) if ok.any() else float("nan"),
+        "pm_acc_std": float(a[ok].std()) if ok.any() else float("nan"),
+        "pm_acc_min": float(a[ok].min()) if ok.any() else float("nan"),
+        **extra,
+    }
+    return row, accs
+
+
+@dataclass
+class LoopResult:
+    history: list            # one dict per evaluated round
+    per_client: list         # per evaluated round: list of client PM accuracies
+    server: dict
+    clients: dict
+    bytes_up: int
+    bytes_down: int
+    samples: int
+    resumed_from: int
+
+
+def local_round(ctx: Context, algo, rnd: int, selected: list[int], server: dict, clients: dict) -> list:
+    """The selected clients' local updates of one round, in `selected` order; new client states
+    are stored in `clients`. `cfg.engine` picks how: `per_client` calls `algo.client_update` client
+    by client; `auto`/`batched` train the clients of algorithms that describe their client step as
+    a `Plan` (`Algorithm.plan`/`finish`) together (`pflrepro.core.batched`), same primitive, same seeds."""
+    if ctx.cfg.engine != "per_client":
+        if uses_plans(algo):
+            return batched_round(ctx, algo, rnd, selected, server, clients)
+    updates = []
+    for k in selected:
+        up, new_state = algo.client_update(rnd, k, server, clients.get(k))
+        if new_state is not None:
+            clients[k] = new_state
+        updates.append(up)
+    return updates
+
+
+def run_rounds(ctx: Context, algo, *, start: dict | None = None,
+               on_checkpoint: Callable[[dict], None] | None = None, progress: bool = True,
+               on_round: Callable[[int], None] | None = None) -> LoopResult:
+    """THE round loop: sample, local updates, aggregate, evaluate, log, checkpoint (`on_round(rnd)` after
+    every round: the run's heartbeat, pflrepro.pipeline.progress)."""
+    cfg = ctx.cfg
+    n_train = ctx.data.n_train().numpy()
+    if start is None:
+        server, clients, history, per_client, first = algo.server_init(), {}, [], [], 1
+        counters = {"bytes_up": 0, "bytes_down": 0, "samples": 0}
+    else:
+        server, clients, history, per_client = start["server"], start["clients"], start["history"], start["per_client"]
+        first, counters = int(start["round"]) + 1, dict(start["counters"])
+    if cfg.engine != "per_client":
+        check_memory(ctx, algo, first, server, clients)  # a run that cannot fit says so before round 1
+    clock = ctx.clock = make_clock(ctx)
+    sched = make_schedule(cfg, n_train)     # synchronous rounds, or FedAsync / FedBuff on the clock
+    if start is not None and "clock" in start:
+        clock.load(start["clock"])
+        sched.load(start.get("schedule", {}))
+    bar = _progress(cfg, first, progress)
+    t_last = time.perf_counter()
+    for rnd in range(first, cfg.rounds + 1):
+        selected = sched.dispatch(rnd)      # who starts from the current global model
+        clock.begin_round(selected, {k: cfg.local_epochs * int(n_train[k]) for k in selected})
+        updates = local_round(ctx, algo, rnd, selected, server, clients) if selected else []
+        for up in updates:
+            counters["bytes_up"] += up.bytes_up
+            counters["bytes_down"] += up.bytes_down
+            counters["samples"] += up.samples
+        sched.launch(rnd, selected, updates, server, clock)
+        arrived, sim = sched.collect(rnd, clock)   # what the server folds in at this step, and when
+        losses = [u["loss"] if isinstance(u, dict) else u.loss for u in arrived]
+        server = sched.aggregate(algo, rnd, server, arrived, clients)
+        if rnd % cfg.eval_every == 0 or rnd == cfg.rounds:
+            t_eval = time.perf_counter()
+            row, accs = evaluate(ctx, algo, server, clients)
+            now = time.perf_counter()
+            row = {"round": rnd, "train_loss": float(np.mean(losses)), **row,   # wall times last (not results)
+                   "bytes_up": counters["bytes_up"], "bytes_down": counters["bytes_down"],
+                   **sim, "seconds": now - t_last, "eval_seconds": now - t_eval}
+            t_last = now
+            history.append(row)
+            per_client.append(accs)
+            if bar is not None:
+                bar.set_postfix(pm=f"{row['pm_acc_mean']:.3f}", gm=f"{row['gm_acc']:.3f}", loss=f"{row['train_loss']:.3f}")
+        if bar is not None:
+            bar.update(1)
+        if on_round is not None:
+            on_round(rnd)
+        if on_checkpoint is not None and (rnd % cfg.checkpoint_every == 0 or rnd == cfg.rounds):
+            on_checkpoint({"round": rnd, "server": server, "clients": clients, "history": history,
+                           "per_client": per_client, "counters": counters, "clock": clock.state(),
+                           "schedule": sched.state()})
+    if bar is not None:
+        bar.close()
+    return LoopResult(history, per_client, server, clients, counters["bytes_up"], counters["bytes_down"],
+                      counters["samples"], first - 1)
+
+
+def make_clock(ctx: Context):
+    """The run's simulated clock (`cfg.clock`): model FLOPs counted once, outside the run's RNG streams."""
+    spec = ctx.data.spec
+    flops = model_forward_flops(ctx.cfg.model, spec.channels, spec.num_classes, spec.size)
+    return Clock(ctx.cfg.clock, ctx.cfg.n_clients, ctx.cfg.seed, flops, state_bytes(ctx.init_state))
+
+
+def _progress(cfg: RunConfig, first: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=cfg.rounds, initial=first - 1, desc=f"{cfg.algorithm}/{cfg.dataset} s{cfg.seed}",
+                unit="round", leave=False, dynamic_ncols=True)

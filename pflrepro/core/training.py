@@ -1,0 +1,195 @@
+"""The local-training primitive and evaluation helpers.
+
+Nothing else in the code base loops over batches: `local_train` is the one SGD loop (the batched
+engine, pflrepro.core.batched, trains many clients with the same steps and seeds)."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Divergence(RuntimeError):
+    """Training produced a NaN/inf loss."""
+
+
+# ---------------------------------------------------------------- loss terms
+def batchable(fn):
+    """Mark `fn` as a *batchable* loss term, `fn(m, x, y, aux) -> Tensor`:
+    - `m` is a `ModelView`: `m(x)` runs the model being trained, `m.params` are its current
+      parameters by name (for proximal terms), `m.run(state, x, train=...)` runs the same
+      architecture with another state (a teacher);
+    - `aux` is a dict of this client's tensors (the `Plan`'s `aux`, plus the batch's rows of its
+      `per_sample` tensors).
+    It must reach per-client tensors only through `aux` (never through Python objects it closes
+    over), so that the batched engine (`pflrepro.core.batched`) can run it for many clients at once
+    under `torch.func.vmap`; closing over plain numbers (lambda, tau) is fine. Unmarked loss
+    terms keep the older form `loss(net, x, y)` and train client by client."""
+    fn.batchable = True
+    return fn
+
+
+def is_batchable(fn) -> bool:
+    return bool(getattr(fn, "batchable", False))
+
+
+@batchable
+def ce_loss(net, x: torch.Tensor, y: torch.Tensor, aux: dict | None = None) -> torch.Tensor:
+    """Cross-entropy: both a plain loss term (`ce_loss(net, x, y)`) and a batchable one."""
+    return F.cross_entropy(net(x), y)
+
+
+@contextlib.contextmanager
+def train_mode(module: nn.Module, train: bool = True):
+    """Every submodule in train (or eval) mode for the block; each one's own flag restored after."""
+    was = [m.training for m in module.modules()]
+    module.train(train)
+    try:
+        yield module
+    finally:
+        for m, w in zip(module.modules(), was):
+            m.training = w
+
+
+class ModelView:
+    """The model as a batchable loss term sees it.
+
+    Per client (`params=None`): a thin wrapper over the module being trained, so `m(x)` is
+    exactly `net(x)`. Batched: `params`/`buffers` are one client's tensors inside `vmap`, and
+    `m(x)` is `functional_call(module, (params, buffers), x)`."""
+
+    def __init__(self, module: nn.Module, params: dict | None = None, buffers: dict | None = None):
+        self.module = module
+        self._params = params
+        self._buffers = buffers
+        self._buffer_names: set | None = None
+
+    @property
+    def params(self) -> dict:
+        """Current parameters by name, in `named_parameters()` order (trainable and frozen)."""
+        if self._params is None:
+            self._params = dict(self.module.named_parameters())
+        return self._params
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._buffers is None:       # per client: the module itself
+            return self.module(x)
+        return torch.func.functional_call(self.module, (self._params, self._buffers), (x,))
+
+    def run(self, state: dict, x: torch.Tensor, *, train: bool = False) -> torch.Tensor:
+        """Forward of the same architecture with `state` (parameters and buffers, e.g. a teacher's),
+        in train mode (dropout active, BN on batch statistics) or eval mode. `state` is never
+        modified (BN running statistics, updated in train mode, go to copies)."""
+        if self._buffer_names is None:
+            self._buffer_names = {n for n, _ in self.module.named_buffers()}
+        with train_mode(self.module, train):
+            st = {n: (t.clone() if (train and n in self._buffer_names) else t) for n, t in state.items()}
+            return torch.func.functional_call(self.module, st, (x,))
+
+
+# ---------------------------------------------------------------- local training
+@dataclass
+class TrainStats:
+    loss: float
+    steps: int
+    samples: int
+
+
+def decay_groups(names: list[str], weight_decay: float, bias_decay: bool) -> list[tuple[list[str], float]]:
+    """Parameter names grouped by the weight decay SGD gives them: one group (every name, `weight_decay`)
+    unless `bias_decay=False` exempts the parameters named `*bias*` (FedRep's code); empty groups dropped.
+    Both training paths (`local_train`, `batched.local_train_many`) take their groups from here."""
+    if bias_decay or weight_decay == 0:
+        return [(list(names), weight_decay)]
+    return [(g, wd) for g, wd in (([n for n in names if "bias" not in n], weight_decay),
+                                  ([n for n in names if "bias" in n], 0.0)) if g]
+
+
+def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
+                lr: float, momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
+                bias_decay: bool = True, loss: LossFn = ce_loss, trainable: Callable[[str], bool] | None = None,
+                seed: int = 0, steps: int | None = None,
+                aux: dict | None = None, per_sample: dict | None = None) -> TrainStats:
+    """The local-training primitive: SGD on (x, y) minimising `loss(net, xb, yb)`.
+
+    `trainable(name)` selects the parameters that move (others are frozen for this call);
+    `seed` fixes the data order and dropout draws; `steps` (optional) caps the number of
+    mini-batch steps instead of whole epochs; `bias_decay=False` exempts parameters named `*bias*` from
+    `weight_decay` (FedRep's code). Batches are index slices of the client's
+    tensors: no DataLoader. The last partial batch of an epoch is kept.
+    A batchable loss term (`batchable`) is called `loss(ModelView(net), xb, yb, aux_b)` instead,
+    with aux_b = `aux` plus the batch's rows of each `per_sample` tensor.
+    `pflrepro.core.batched.local_train_many` is the same primitive for many clients at once.
+    """
+    named = [(n, p) for n, p in net.named_parameters() if trainable is None or trainable(n)]
+    params = [p for _, p in named]
+    frozen = [p for n, p in net.named_parameters() if trainable is not None and not trainable(n)]
+    for p in frozen:
+        p.requires_grad_(False)
+    groups = [{"params": [p for n, p in named if n in g], "weight_decay": wd}
+              for g, wd in decay_groups([n for n, _ in named], weight_decay, bias_decay)]
+    opt = torch.optim.SGD(groups if params else params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # dropout / stochastic layers: per-client, per-round stream
+    net.train()
+    n = len(y)
+    total, count, done = 0.0, 0, 0
+    view = ModelView(net) if is_batchable(loss) else None
+    aux, per_sample = aux or {}, per_sample or {}
+    try:
+        for _ in range(epochs if steps is None else 10**9):
+            order = torch.randperm(n, generator=gen).to(x.device)
+            for s in range(0, n, batch_size):
+                idx = order[s:s + batch_size]
+                xb, yb = x[idx], y[idx]
+                opt.zero_grad(set_to_none=True)
+                if view is not None:
+                    value = loss(view, xb, yb, {**aux, **{n_: t[idx] for n_, t in per_sample.items()}}
+                                 if per_sample else aux)
+                else:
+                    value = loss(net, xb, yb)
+                if not torch.isfinite(value):
+                    raise Divergence(f"loss became {value.item()} at local step {done}: the run diverged "
+                                     f"(lower the learning rate, or check the loss term)")
+                value.backward()
+                if grad_clip > 0:
+                    nn.utils.clip_grad_norm_(params, grad_clip)
+                opt.step()
+                total += value.item() * len(yb)
+                count += len(yb)
+                done += 1
+                if steps is not None and done >= steps:
+                    return TrainStats(total / max(count, 1), done, count)
+            if steps is not None and n == 0:
+                break
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+    return TrainStats(total / max(count, 1), done, count)
+
+
+@torch.no_grad()
+def outputs(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
+    """The model's raw outputs (logits) for every row of x, in eval mode, batched; the module's modes restored
+    after (soft decisions on a public set, server-side distillation targets, losses of candidate models)."""
+    with train_mode(net, False):
+        return torch.cat([net(x[i:i + batch]) for i in range(0, len(x), batch)])
+
+
+@torch.no_grad()
+def predict(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
+    net.eval()
+    return torch.cat([net(x[i:i + batch]).argmax(1) for i in range(0, len(x), batch)]) if len(x) else \
+        torch.empty(0, dtype=torch.long, device=x.device)
+
+
+def accuracy(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    if len(y) == 0:
+        return float("nan")
+    return (predict(net, x) == y).float().mean().item()

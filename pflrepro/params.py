@@ -1,0 +1,64 @@
+"""The settings vocabulary every registry declares with: `Param` (type, default, range, help),
+`check_params` (validate a dict against a schema, fill defaults) and `ConfigError` (one line naming
+key, value and what is allowed). The bottom layer: it imports nothing of pflrepro."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the key, the value and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """Declaration of one setting: type, default, allowed range/choices, help text."""
+    type: type
+    default: Any
+    help: str = ""
+    low: float | None = None          # inclusive unless low_open
+    high: float | None = None         # inclusive
+    low_open: bool = False
+    choices: tuple | None = None
+
+    def check(self, key: str, value: Any) -> Any:
+        t = self.type
+        if t is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if t is float and isinstance(value, str):  # YAML 1.1 reads "1e-5" as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if t is tuple and isinstance(value, list):
+            value = tuple(value)
+        if not isinstance(value, t) or (t in (int, float) and isinstance(value, bool)):
+            raise ConfigError(f"{key}={value!r}: expected {t.__name__}, got {type(value).__name__}")
+        if t is float and not math.isfinite(value):  # nan passes every range check (its comparisons are False)
+            raise ConfigError(f"{key}={value!r}: must be a finite number")
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"{key}={value!r}: allowed values are {', '.join(map(repr, self.choices))}")
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            raise ConfigError(f"{key}={value!r}: must be {'>' if self.low_open else '>='} {self.low}")
+        if self.high is not None and value > self.high:
+            raise ConfigError(f"{key}={value!r}: must be <= {self.high}")
+        return value
+
+
+def check_params(prefix: str, given: dict, schema: dict[str, Param]) -> dict:
+    """Validate a dict of settings against a schema; fill defaults."""
+    if not isinstance(given, dict):
+        raise ConfigError(f"{prefix}={given!r}: expected a mapping")
+    unknown = sorted(set(given) - set(schema))
+    if unknown:
+        allowed = ", ".join(sorted(schema)) or "(none)"
+        name = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise ConfigError(f"{name}={given[unknown[0]]!r}: unknown key; allowed: {allowed}")
+    out = {}
+    for k, p in schema.items():
+        # a setting whose default is None ("not set") may be given as None: a validated config re-validates
+        out[k] = p.check(f"{prefix}.{k}" if prefix else k, given[k]) if k in given and not (
+            given[k] is None and p.default is None) else p.default
+    return out

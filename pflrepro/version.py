@@ -1,0 +1,2 @@
+"""The package version, recorded in every run's provenance."""
+__version__ = "0.1.0"

@@ -1,0 +1,116 @@
+"""The architecture (docs/architecture.md), enforced: the layers' import contract, no import cycle, no function
+over 100 lines, and which files enter a run's content address."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+from pflrepro.pipeline.store import PACKAGE, RESULT_CODE, result_code
+
+ROOT = PACKAGE.parent
+
+
+def test_import_contract_holds():
+    """`lint-imports` checks the layers declared in pyproject.toml: a module imports only from layers below its own."""
+    out = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
+                          "lint_imports_command()"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "1 kept, 0 broken" in out.stdout
+
+
+def _cycles(graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    adj = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    index, low, stack, on, out, n = {}, {}, [], set(), [], 0
+    for root in sorted(adj):
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = n
+                n += 1
+                stack.append(v)
+                on.add(v)
+            for j in range(i, len(adj[v])):
+                w = adj[v][j]
+                if w not in index:
+                    work += [(v, j + 1), (w, 0)]
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(sorted(comp))
+                if work:
+                    u = work[-1][0]
+                    low[u] = min(low[u], low[v])
+    return out
+
+
+def test_no_import_cycle_even_through_function_level_imports():
+    graph = grimp.build_graph("pflrepro", exclude_type_checking_imports=True)
+    assert _cycles(graph) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    """The check above can fail: a graph with a -> b -> a has one cycle."""
+    class G:
+        modules = {"a", "b", "c"}
+
+        @staticmethod
+        def find_modules_directly_imported_by(m):
+            return {"a": {"b"}, "b": {"a", "c"}, "c": set()}[m]
+    assert _cycles(G) == [["a", "b"]]
+
+
+def test_no_function_over_100_lines():
+    long = []
+    for f in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 100:
+                long.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []
+
+
+def _rel(files) -> set[str]:
+    return {f.relative_to(PACKAGE).as_posix() for f in files}
+
+
+def test_which_files_change_a_runs_address():
+    """The address covers the layers that decide results, whole (params.py, data/, core/, federation/), and of
+    algorithms/ only the files the run's algorithm executes; nothing that only runs configs or reads results."""
+    assert RESULT_CODE == ("params.py", "data", "core", "federation")
+    layers = {f for f in _rel(result_code("fedavg")) if not f.startswith("algorithms/")}
+    expected = {"params.py"} | {f"{d}/{p.name}" for d in ("data", "core", "federation") for p in (PACKAGE / d).glob("*.py")}
+    assert layers == expected
+    assert _rel(result_code("fedavg")) - layers == {"algorithms/base.py"}
+    assert _rel(result_code("scd")) - layers == {"algorithms/base.py", "algorithms/ditto.py", "algorithms/scd.py",
+                                                  "algorithms/spectral.py"}
+    everything = _rel(PACKAGE.rglob("*.py"))
+    never = {f for f in everything if f.split("/")[0] in ("pipeline", "reporting", "papers")} | {"cli.py", "__main__.py"}
+    assert not never & _rel(result_code(None))
+    assert _rel(result_code(None)) >= {f for f in everything if f.startswith("algorithms/")}
+
+
+def test_a_run_reaches_only_modules_in_its_address():
+    """Every pflrepro module the run store reaches through imports (function-level ones too) is in the address,
+    except the few that only drive a run: the store itself, its progress heartbeat, the package roots, the version
+    string and where results live."""
+    graph = grimp.build_graph("pflrepro", exclude_type_checking_imports=True)
+    reached = graph.find_upstream_modules("pflrepro.pipeline.store")
+    drivers = {"pflrepro", "pflrepro.version", "pflrepro.paths", "pflrepro.pipeline", "pflrepro.pipeline.progress"}
+    in_address = {"pflrepro." + f[:-3].replace("/", ".").removesuffix(".__init__") for f in _rel(result_code(None))}
+    assert reached - drivers - {"pflrepro.algorithms"} <= in_address, reached - drivers - in_address
+    assert {"pflrepro.core.loop", "pflrepro.core.batched", "pflrepro.federation.build"} <= reached
