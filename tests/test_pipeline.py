@@ -259,6 +259,41 @@ def _make_notebooks():
     return mod
 
 
+def test_dvc_yaml_and_notebooks_are_in_step():
+    """`make_notebooks.py --check`: dvc.yaml is what the script writes from notebooks/, and every notebook has its
+    parameters cell, its Experiment, E.finish() last and no outputs."""
+    mk = _make_notebooks()
+    assert mk.problems() == []
+    assert mk.main(["--check"]) == 0
+
+
+def test_the_check_finds_what_is_out_of_step(tmp_path, monkeypatch):
+    """A notebook without E.finish(), with outputs, or naming another notebook's Experiment is reported; so is a
+    dvc.yaml that is not what the script writes."""
+    mk = _make_notebooks()
+    nb = mk.skeleton("pfedsd_table2", "Table 2")
+    assert mk.notebook_problems("pfedsd_table2", nb) == []
+    bad = json.loads(json.dumps(nb))
+    bad["cells"][-1]["source"] = ["print('done')\n"]
+    bad["cells"][3]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["x"]}]
+    found = mk.notebook_problems("pfedsd_table3", bad)
+    assert len(found) == 3 and any("E.finish()" in p for p in found) and any("outputs" in p for p in found)
+    monkeypatch.setattr(mk, "dvc_yaml_text", lambda: "stages: {}\n")
+    assert any("dvc.yaml differs" in p for p in mk.problems())
+
+
+def test_a_new_notebook_skeleton_gets_a_stage(tmp_path, monkeypatch):
+    """`--new NAME TITLE` writes a notebook in step, never overwrites one, and the stage it gets trains and writes
+    DVC metrics."""
+    mk = _make_notebooks()
+    monkeypatch.setattr(mk, "ROOT", tmp_path)
+    (tmp_path / "notebooks").mkdir()
+    assert mk.main(["--new", "mypaper_table1", "My Table 1"]) == 0
+    assert mk.main(["--new", "mypaper_table1", "again"]) == 2
+    nb = json.loads((tmp_path / "notebooks" / "mypaper_table1.ipynb").read_text())
+    assert mk.notebook_problems("mypaper_table1", nb) == [] and mk.trains("mypaper_table1")
+
+
 def test_dvc_stages_cover_every_notebook_and_params():
     dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
     whole = _make_notebooks().WHOLE_PARAMS   # the stages whose params files are all DVC params
