@@ -408,10 +408,10 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
              "offline stand-in data: its verdicts speak about trends there, not about the paper's numbers. "
              "Compute: the wall time of the distinct runs the outputs used.\n",
              summary_markdown(summary),
-             "Against independent implementations: eight baselines the papers share (FedAvg, FedProx, Ditto, FedRep, "
-             "FedPer, LG-FedAvg, FedRoD, SCAFFOLD) were trained beside PFLlib's own code on one identical setting "
-             "and three paired seeds (`scripts/crosscheck/pfllib.py`; the table and what it can resolve: "
-             "docs/evidence.md, \"Eight baselines against PFLlib\").\n"]
+             "Against independent implementations: baselines the papers share were trained beside PFLlib's own code "
+             "on one identical setting and three paired seeds (`scripts/crosscheck/pfllib.py`, which lists them; the "
+             "table and what it can resolve: docs/evidence.md, \"Eight baselines against PFLlib\" and the methods "
+             "added beside them).\n"]
     flagged = flagged_by_run([st for sts in papers.values() for st in sts])
     if flagged is not None:
         checked = [st for sts in papers.values() for st in sts if st.exists and st.health is not None]
