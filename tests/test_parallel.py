@@ -162,7 +162,7 @@ def test_a_worker_does_not_outlive_its_parent(tmp_path):
             "holder = subprocess.Popen(['sleep', '60'], close_fds=False)\n"
             "print(w.proc.pid, holder.pid, flush=True)\ntime.sleep(3)\nos.kill(os.getpid(), signal.SIGKILL)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
-                              env={**os.environ, "PYTHONPATH": str(Path(parallel.__file__).resolve().parents[1])})
+                              env={**os.environ, "PYTHONPATH": str(Path(parallel.__file__).resolve().parents[2])})
     pid, holder = map(int, parent.stdout.readline().split())
     try:
         assert _alive(pid)
@@ -200,7 +200,7 @@ def test_ctrl_c_stops_a_grid_and_its_workers_promptly_keeping_checkpoints(tmp_pa
             "grid = {('fedavg', 's', s): RunConfig.from_dict(small_cfg(seed=s, rounds=500, subsample=0.02)) "
             "for s in (0, 1)}\n"
             f"experiments.run_grid(grid, root={str(root)!r}, progress=False, jobs=2)\n")
-    repo = Path(parallel.__file__).resolve().parents[1]
+    repo = Path(parallel.__file__).resolve().parents[2]
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=repo, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PFLREPRO_JOBS": "2"})
     try:
