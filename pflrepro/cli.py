@@ -1,4 +1,5 @@
-"""Command line: `python -m pflrepro {run,list,data,partition,claims,report}` (also the `pflrepro` script).
+"""Command line: `python -m pflrepro {run,list,data,partition,claims,report,train,cost,tune}` (also the `pflrepro`
+script). `python -m pflrepro VERB -h` describes each.
 
     python -m pflrepro run algorithm=fedprox hparams.mu=0.01 dataset=fmnist rounds=20
     python -m pflrepro run --config my.yaml seed=1
@@ -113,8 +114,15 @@ def _config(a):
     from .federation.config import RunConfig
     cfg_dict: dict = {}
     if getattr(a, "config", None):
-        with open(a.config) as f:
-            cfg_dict = yaml.safe_load(f) or {}
+        try:
+            with open(a.config) as f:
+                cfg_dict = yaml.safe_load(f) or {}
+        except OSError as e:
+            raise ConfigError(f"--config {a.config}: {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--config {a.config}: not valid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(cfg_dict, dict):
+            raise ConfigError(f"--config {a.config}: expected a mapping of run settings, got {type(cfg_dict).__name__}")
     return RunConfig.from_dict(_merge(cfg_dict, parse_overrides(a.overrides)))
 
 
@@ -125,18 +133,29 @@ def _run(a) -> int:
     return 0
 
 
+def _settings(schema: dict, indent: str = "    ") -> list[str]:
+    """One line per setting: name, default, what is allowed, help."""
+    return [f"{indent}{k:<18} default={p.default!r:<10} {p.allowed():<22} {p.help}" for k, p in schema.items()]
+
+
 def _list(a) -> int:
     from . import algorithms
     from .data import datasets, models, partition
     from .federation.config import RUN_SCHEMA
-    print("algorithms:", ", ".join(sorted(algorithms.ALGORITHMS)))
     print("models:    ", ", ".join(sorted(models.MODELS)))
     print("datasets:  ", ", ".join(datasets.DATASETS))
-    print("partitions:", ", ".join(sorted(partition.PARTITIONERS)))
-    print("splits:    ", ", ".join(sorted(partition.SPLITS)))
+    print("\nalgorithms (hparams.<name>=...):")
+    for name, cls in sorted(algorithms.ALGORITHMS.items()):
+        print(f"  {name}" + ("" if cls.HPARAMS else "  (no settings)"))
+        print("\n".join(_settings(cls.HPARAMS)) if cls.HPARAMS else "", end="\n" if cls.HPARAMS else "")
+    print("\npartitions (partition_params.<name>=...):")
+    for name in sorted(partition.PARTITIONERS):
+        print(f"  {name}", *_settings(partition.PARTITION_SCHEMAS[name]), sep="\n")
+    print("\nsplits (split_params.<name>=...):")
+    for name in sorted(partition.SPLITS):
+        print(f"  {name}", *_settings(partition.SPLIT_SCHEMAS[name]), sep="\n")
     print("\nrun settings:")
-    for k, prm in RUN_SCHEMA.items():
-        print(f"  {k:<18} default={prm.default!r:<14} {prm.help}")
+    print("\n".join(_settings(RUN_SCHEMA, "  ")))
     return 0
 
 

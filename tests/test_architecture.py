@@ -114,3 +114,26 @@ def test_a_run_reaches_only_modules_in_its_address():
     in_address = {"pflrepro." + f[:-3].replace("/", ".").removesuffix(".__init__") for f in _rel(result_code(None))}
     assert reached - drivers - {"pflrepro.algorithms"} <= in_address, reached - drivers - in_address
     assert {"pflrepro.core.loop", "pflrepro.core.batched", "pflrepro.federation.build"} <= reached
+
+
+def test_every_third_party_import_is_declared():
+    """Issue 33: a package the code imports is a declared dependency (pyproject.toml: dependencies or an extra), not
+    one that happens to come with another (ruamel.yaml came with dvc, mistune with jupyterlab)."""
+    import importlib.metadata as md
+    import re
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[<>=!\[ ;]", d, maxsplit=1)[0].lower().replace("_", "-")
+                for d in project["dependencies"] + [d for ds in project["optional-dependencies"].values() for d in ds]}
+    dists = md.packages_distributions()
+    imported = set()
+    for f in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third = {m for m in imported if m not in sys.stdlib_module_names and m != "pflrepro"}
+    missing = {m: dists.get(m) for m in third if not {d.lower().replace("_", "-") for d in dists.get(m, [m])} & declared}
+    assert missing == {}
+    assert {"torch", "ruamel", "mistune"} <= third

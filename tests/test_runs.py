@@ -143,3 +143,37 @@ def test_cli_prints_a_config_error_found_at_partitioning_as_one_line(store, caps
         err.count("\n") == 1, err
     assert main(["run", "lr=nan", "--quiet"]) == 2 and capsys.readouterr().err == \
         "config error: lr=nan: must be a finite number\n"
+
+
+def test_a_config_the_data_refuses_leaves_nothing_in_the_store(tmp_path):
+    """Issue 33: more clients than samples is refused after the run's folder would exist; the folder goes too (it
+    held config.json and nothing else), so a refused config never looks like an unfinished run."""
+    with pytest.raises(ConfigError, match="more clients than"):
+        run(small_cfg(n_clients=10**9), root=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_refuses_a_missing_or_malformed_config_file_in_one_line(tmp_path, capsys):
+    from pflrepro.cli import main
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: [0.1\n")
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- lr\n")
+    for path, says in ((tmp_path / "missing.yaml", "No such file"), (bad, "not valid YAML"),
+                       (listed, "expected a mapping")):
+        assert main(["run", "--config", str(path), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"config error: --config {path}: ") and says in err and err.count("\n") == 1, err
+
+
+def test_cli_list_shows_every_algorithms_settings(capsys):
+    """`list` shows each algorithm's hyperparameters with default, range and help (FedProx's mu was invisible)."""
+    from pflrepro.algorithms import ALGORITHMS
+    from pflrepro.cli import main
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "    mu                 default=0.01       float >= 0             proximal coefficient mu" in out
+    for name, cls in ALGORITHMS.items():
+        assert f"\n  {name}" in out
+        for key, p in cls.HPARAMS.items():
+            assert f"    {key:<18} default={p.default!r:<10} {p.allowed():<22} {p.help}" in out, (name, key)

@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from ..core.context import Context
 from ..core.loop import run_rounds
 from ..federation.build import build_context, build_partition, resolve_device
 from ..federation.config import RunConfig
+from ..params import ConfigError
 from ..paths import REPO_ROOT, results_root
 from ..version import __version__
 from .progress import HEARTBEAT, Heartbeat
@@ -138,6 +140,22 @@ def load_result(path: Path) -> RunResult:
                      json.loads((path / "provenance.json").read_text()))
 
 
+def _prepare(cfg: RunConfig, path: Path, force: bool):
+    """(checkpoint to resume from or None, context, algorithm) of a run whose folder is `path` (created here)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+    device = resolve_device(cfg.device)
+    start = None
+    if (path / "checkpoint.pt").exists() and not force:
+        start = torch.load(path / "checkpoint.pt", map_location=device, weights_only=True)
+        split = _load_partition(path)
+    else:
+        split = build_partition(cfg)
+        _save_partition(path, split)
+    ctx = build_context(cfg, device, split)
+    return start, ctx, ALGORITHMS[cfg.algorithm](ctx, **cfg.hparams)
+
+
 def run(cfg: RunConfig | dict, *, root: Path | str | None = None, progress: bool = True,
         force: bool = False) -> RunResult:
     """Run one config, or return its stored result. Resumes from a checkpoint if one exists."""
@@ -145,19 +163,14 @@ def run(cfg: RunConfig | dict, *, root: Path | str | None = None, progress: bool
     path = run_dir(cfg, root)
     if (path / "summary.json").exists() and not force:
         return load_result(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
-    device = resolve_device(cfg.device)
+    created = not path.exists()
+    try:   # a setting the data refuses (more clients than samples) is refused here: leave no folder behind
+        start, ctx, algo = _prepare(cfg, path, force)
+    except ConfigError:
+        if created:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     ckpt_path = path / "checkpoint.pt"
-    start = None
-    if ckpt_path.exists() and not force:
-        start = torch.load(ckpt_path, map_location=device, weights_only=True)
-        split = _load_partition(path)
-    else:
-        split = build_partition(cfg)
-        _save_partition(path, split)
-    ctx = build_context(cfg, device, split)
-    algo = ALGORITHMS[cfg.algorithm](ctx, **cfg.hparams)
     git_at_start = git_commit()  # the code that runs is the code loaded now
     t0 = time.perf_counter()
     wall_before = float(start["wall_seconds"]) if start else 0.0

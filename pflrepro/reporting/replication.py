@@ -436,12 +436,8 @@ h2{border-bottom:2px solid #ddd;margin-top:2em}h3{margin-top:1.6em}details{margi
 
 
 def _markdown_to_html(md: str) -> str:
-    try:
-        import mistune
-        return mistune.create_markdown(escape=False, plugins=["table"])(md)
-    except ImportError:   # mistune comes with jupyterlab (nbconvert); markdown-it-py is the other one around
-        from markdown_it import MarkdownIt
-        return MarkdownIt("commonmark", {"html": True}).enable("table").render(md)
+    import mistune
+    return mistune.create_markdown(escape=False, plugins=["table"])(md)
 
 
 def to_html(md: str, base: Path, title: str = "Reproduction report") -> str:
