@@ -3,7 +3,6 @@ over 100 lines, and which files enter a run's content address."""
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
 import grimp
 
