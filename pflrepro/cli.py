@@ -133,9 +133,18 @@ def _run(a) -> int:
     return 0
 
 
+def allowed(p) -> str:
+    """What a `Param`'s check accepts, in words: the type, and the choices or the range."""
+    if p.choices is not None:
+        return "one of " + ", ".join(map(repr, p.choices))
+    lo = "" if p.low is None else f"{'>' if p.low_open else '>='} {p.low:g}"
+    hi = "" if p.high is None else f"<= {p.high:g}"
+    return p.type.__name__ + (f" {lo}" if lo else "") + (f", {hi}" if lo and hi else f" {hi}" if hi else "")
+
+
 def _settings(schema: dict, indent: str = "    ") -> list[str]:
     """One line per setting: name, default, what is allowed, help."""
-    return [f"{indent}{k:<18} default={p.default!r:<10} {p.allowed():<22} {p.help}" for k, p in schema.items()]
+    return [f"{indent}{k:<18} default={p.default!r:<10} {allowed(p):<22} {p.help}" for k, p in schema.items()]
 
 
 def _list(a) -> int:

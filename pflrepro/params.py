@@ -23,14 +23,6 @@ class Param:
     low_open: bool = False
     choices: tuple | None = None
 
-    def allowed(self) -> str:
-        """What the check accepts, in words: the type, and the choices or the range."""
-        if self.choices is not None:
-            return "one of " + ", ".join(map(repr, self.choices))
-        lo = "" if self.low is None else f"{'>' if self.low_open else '>='} {self.low:g}"
-        hi = "" if self.high is None else f"<= {self.high:g}"
-        return self.type.__name__ + (f" {lo}" if lo else "") + (f", {hi}" if lo and hi else f" {hi}" if hi else "")
-
     def check(self, key: str, value: Any) -> Any:
         t = self.type
         if t is float and isinstance(value, int) and not isinstance(value, bool):

@@ -169,11 +169,11 @@ def test_cli_refuses_a_missing_or_malformed_config_file_in_one_line(tmp_path, ca
 def test_cli_list_shows_every_algorithms_settings(capsys):
     """`list` shows each algorithm's hyperparameters with default, range and help (FedProx's mu was invisible)."""
     from pflrepro.algorithms import ALGORITHMS
-    from pflrepro.cli import main
+    from pflrepro.cli import allowed, main
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "    mu                 default=0.01       float >= 0             proximal coefficient mu" in out
     for name, cls in ALGORITHMS.items():
         assert f"\n  {name}" in out
         for key, p in cls.HPARAMS.items():
-            assert f"    {key:<18} default={p.default!r:<10} {p.allowed():<22} {p.help}" in out, (name, key)
+            assert f"    {key:<18} default={p.default!r:<10} {allowed(p):<22} {p.help}" in out, (name, key)
