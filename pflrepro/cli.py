@@ -1,4 +1,4 @@
-"""Command line: `python -m pflrepro {run,list,data,partition,claims,report,train,cost,tune}` (also the `pflrepro`
+"""Command line: `python -m pflrepro {run,list,data,partition,claims,report,train,cost,tune,prune}` (also the `pflrepro`
 script). `python -m pflrepro VERB -h` describes each.
 
     python -m pflrepro run algorithm=fedprox hparams.mu=0.01 dataset=fmnist rounds=20
@@ -11,6 +11,7 @@ script). `python -m pflrepro VERB -h` describes each.
     python -m pflrepro train pfedsd_table2 pfedsd_table3 --out results/train/pfedsd.json [--jobs 2] [--executor ray]
     python -m pflrepro cost pfedsd_table2 [--profile paper]
     python -m pflrepro tune perfed_ckt_table1 --profile mini [--methods fedavg] [--apply]
+    python -m pflrepro prune [--results DIR] [--dry-run]
 """
 from __future__ import annotations
 
@@ -101,6 +102,13 @@ def _add_cost(sub) -> None:
     c.add_argument("--profile", default="paper", help="profile to cost (default: paper)")
     c.add_argument("--jobs", type=int, help="runs at once on this machine (default: auto)")
     c.add_argument("--missing", action="store_true", help="count only runs not in the store yet")
+
+
+def _add_prune(sub) -> None:
+    p = sub.add_parser("prune", help="delete the checkpoints of finished runs that no later stage reads (a store written "
+                       "before runs dropped them); unfinished runs keep theirs")
+    p.add_argument("--results", help="run store (default: $PFLREPRO_RESULTS/runs, i.e. results/runs)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would go")
 
 
 def _add_tune(sub) -> None:
@@ -208,6 +216,13 @@ def _report(a) -> int:
     return replication.run_cli(a)
 
 
+def _prune(a) -> int:
+    from .pipeline.store import prune_checkpoints
+    n, size = prune_checkpoints(a.results, dry_run=a.dry_run)
+    print(f"{'would delete' if a.dry_run else 'deleted'} {n} checkpoints of finished runs, {size / 1e9:.2f} GB")
+    return 0
+
+
 def _tune(a) -> int:
     from .pipeline import tune
     return tune.run_cli(a)
@@ -251,7 +266,8 @@ def _train(a) -> int:
 # verb -> (add its parser, run it): a new verb is one entry (docs/architecture.md)
 VERBS = {"run": (_add_run, _run), "list": (_add_list, _list), "data": (_add_data, _data),
          "partition": (_add_partition, _partition), "claims": (_add_claims, _claims), "report": (_add_report, _report),
-         "train": (_add_train, _train), "cost": (_add_cost, _cost), "tune": (_add_tune, _tune)}
+         "train": (_add_train, _train), "cost": (_add_cost, _cost), "tune": (_add_tune, _tune),
+         "prune": (_add_prune, _prune)}
 
 
 def main(argv=None) -> int:

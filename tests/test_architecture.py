@@ -120,6 +120,7 @@ def test_every_third_party_import_is_declared():
     one that happens to come with another (ruamel.yaml came with dvc, mistune with jupyterlab)."""
     import importlib.metadata as md
     import re
+
     import tomllib
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = {re.split(r"[<>=!\[ ;]", d, maxsplit=1)[0].lower().replace("_", "-")

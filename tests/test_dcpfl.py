@@ -267,7 +267,8 @@ def test_dcpfl_without_al_trains_like_fedgh_and_with_al_differently():
 
 @needs_fmnist
 @pytest.mark.parametrize("algorithm", ["dcpfl", "fedgh", "fedproto"])
-def test_heterogeneous_round_runs_and_counts_the_statistics_sent(store, algorithm):
+def test_heterogeneous_round_runs_and_counts_the_statistics_sent(store, algorithm, monkeypatch):
+    monkeypatch.setenv("PFLREPRO_KEEP_CHECKPOINTS", "1")   # its final states are read below
     models = ["cnn1", "cnn2", "cnn3", "cnn4", "cnn5"]
     cfg = small_cfg(algorithm=algorithm, model="cnn1", models=models, n_clients=5, subsample=0.02, rounds=1, **SKEWED)
     res = run(cfg, progress=False)

@@ -41,7 +41,8 @@ def _assert_clean_store(store: Path, grid: dict) -> None:
     assert names == sorted({run_dir(c, store).name for c in grid.values()})
     for d in store.iterdir():
         files = {f.name for f in d.iterdir()}
-        assert {"summary.json", "metrics.csv", "provenance.json", "checkpoint.pt"} <= files, d
+        assert {"summary.json", "metrics.csv", "provenance.json"} <= files, d
+        assert "checkpoint.pt" not in files, d   # a finished run drops it (store.keeps_checkpoint), shipped or not
         assert not [f for f in files if f.endswith((".part", ".tmp")) or f == "progress.json"], files
 
 

@@ -121,11 +121,12 @@ def test_aggregate_is_fedavg_and_label_counts_stay_out_of_the_model():
 
 
 @pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
-def test_fedgen_learns_on_fmnist(store):
+def test_fedgen_learns_on_fmnist(store, monkeypatch):
     """IID, 10 classes: chance is 0.10; FedGen's regulariser is on from round 2 (0.70 after 5 rounds here). lr 0.02:
     with alpha = beta = 10 the regulariser scales the local step about elevenfold once the generator is useful (the
     KL target approaches one-hot y), and FedGen's code trains users at lr 0.01 without momentum; at lr 0.05 this
     run collapses to chance by round 4-5 (measured, with momentum 0.5 and 0)."""
+    monkeypatch.setenv("PFLREPRO_KEEP_CHECKPOINTS", "1")   # its final states are read below
     res = run(small_cfg(algorithm="fedgen", n_clients=5, local_epochs=2, rounds=4, lr=0.02, momentum=0.5, eval_every=4),
               progress=False)
     assert res.metric("gm_acc")[-1] > 0.5, res.metric("gm_acc")

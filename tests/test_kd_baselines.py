@@ -195,7 +195,8 @@ HETERO = dict(models=["cnn1", "cnn2", "cnn3", "cnn4", "cnn5"], model="cnn1", n_c
 
 @needs_fmnist
 @pytest.mark.parametrize("algorithm", ["fml", "fedkd", "fd"])
-def test_runs_with_heterogeneous_fedgh_models(store, algorithm):
+def test_runs_with_heterogeneous_fedgh_models(store, algorithm, monkeypatch):
+    monkeypatch.setenv("PFLREPRO_KEEP_CHECKPOINTS", "1")   # its final states are read below
     res = run(small_cfg(algorithm=algorithm, rounds=1, **HETERO), progress=False)
     assert 0.0 <= res.metric("pm_acc_mean")[-1] <= 1.0
     ckpt = torch.load(res.path / "checkpoint.pt", weights_only=True)    # states are tensors only
@@ -227,9 +228,10 @@ def test_learns_on_fmnist_two_classes_per_client(store, algorithm, hparams):
 
 @needs_fmnist
 @pytest.mark.parametrize("algorithm, hparams", [("local", {}), ("lg_fedavg", {"head_layers": 1})])
-def test_local_and_lg_fedavg_run_heterogeneous_models(store, algorithm, hparams):
+def test_local_and_lg_fedavg_run_heterogeneous_models(store, algorithm, hparams, monkeypatch):
     """DC-PFL Table 2 runs Local-T and LG-FedAvg with FedGH's five CNNs: every client starts from its
     own architecture's init (Context.initial), LG-FedAvg shares only the head (same shape for all)."""
+    monkeypatch.setenv("PFLREPRO_KEEP_CHECKPOINTS", "1")   # its final states are read below
     res = run(small_cfg(algorithm=algorithm, hparams=hparams, rounds=1, **HETERO), progress=False)
     assert all(0.0 <= a <= 1.0 for a in res.per_client[-1])
     assert math.isnan(res.history[-1]["gm_acc"])                         # nothing to average across architectures

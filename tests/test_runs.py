@@ -177,3 +177,41 @@ def test_cli_list_shows_every_algorithms_settings(capsys):
         assert f"\n  {name}" in out
         for key, p in cls.HPARAMS.items():
             assert f"    {key:<18} default={p.default!r:<10} {allowed(p):<22} {p.help}" in out, (name, key)
+
+
+def test_a_finished_run_drops_its_checkpoint_unless_a_later_stage_reads_it(tmp_path, monkeypatch):
+    """Issue 33 (disk): a finished run keeps summary, metrics, per-client results and provenance; its checkpoint goes,
+    except where a later stage reads its final states (SCD Fig. 3: `new_clients` > 0) or $PFLREPRO_KEEP_CHECKPOINTS=1
+    asks. A stored result is served the same without it."""
+    monkeypatch.delenv("PFLREPRO_KEEP_CHECKPOINTS", raising=False)
+    cfg = small_cfg(rounds=2, subsample=0.02)
+    a = run(cfg, root=tmp_path / "a", progress=False)
+    assert not (a.path / "checkpoint.pt").exists()
+    assert {"summary.json", "metrics.csv", "per_client.csv", "provenance.json", "partition.npz"} <= \
+        {f.name for f in a.path.iterdir()}
+    again = run(cfg, root=tmp_path / "a", progress=False)
+    assert again.history == a.history and again.summary == a.summary
+    kept = run(small_cfg(rounds=2, subsample=0.02, new_clients=2), root=tmp_path / "a", progress=False)
+    assert (kept.path / "checkpoint.pt").exists()
+    monkeypatch.setenv("PFLREPRO_KEEP_CHECKPOINTS", "1")
+    b = run(cfg, root=tmp_path / "b", progress=False)
+    assert (b.path / "checkpoint.pt").exists() and b.summary == a.summary
+
+
+def test_prune_deletes_only_checkpoints_no_stage_reads(tmp_path, monkeypatch, capsys):
+    """`python -m pflrepro prune`: finished runs lose their checkpoints (SCD Fig. 3's keep theirs); an unfinished
+    run (a checkpoint, no summary) keeps it and still resumes."""
+    from pflrepro.cli import main
+    monkeypatch.setenv("PFLREPRO_KEEP_CHECKPOINTS", "1")
+    done = run(small_cfg(rounds=2, subsample=0.02), root=tmp_path, progress=False)
+    reads = run(small_cfg(rounds=2, subsample=0.02, new_clients=2), root=tmp_path, progress=False)
+    unfinished = tmp_path / "fedavg-fmnist-unfinished"
+    unfinished.mkdir()
+    (unfinished / "checkpoint.pt").write_bytes(b"x")
+    monkeypatch.delenv("PFLREPRO_KEEP_CHECKPOINTS")
+    size = (done.path / "checkpoint.pt").stat().st_size
+    assert main(["prune", "--results", str(tmp_path), "--dry-run"]) == 0 and (done.path / "checkpoint.pt").exists()
+    assert f"would delete 1 checkpoints of finished runs, {size / 1e9:.2f} GB" in capsys.readouterr().out
+    assert main(["prune", "--results", str(tmp_path)]) == 0
+    assert not (done.path / "checkpoint.pt").exists()
+    assert (reads.path / "checkpoint.pt").exists() and (unfinished / "checkpoint.pt").exists()

@@ -183,7 +183,8 @@ class RayExecutor:
             ray.init(address=self.address, include_dashboard=False)
         root = Path(root if root is not None else store.results_root() / "runs").resolve()
         keeper, refs = None, {}
-        env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))}}
+        env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")])),
+                            **({store.KEEP_ENV: os.environ[store.KEEP_ENV]} if store.KEEP_ENV in os.environ else {})}}
         try:
             if not self.shared:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -255,6 +256,8 @@ def write_run(path: Path, files: dict) -> None:
     for f in sorted(files, key=lambda f: f == "summary.json"):
         _write_atomic(path / f, files[f])
     (path / HEARTBEAT).unlink(missing_ok=True)
+    if "checkpoint.pt" not in files:   # the finished run dropped it (store.keeps_checkpoint): not one shipped mid-run
+        (path / "checkpoint.pt").unlink(missing_ok=True)
 
 
 class _Shipper:

@@ -193,7 +193,39 @@ def run(cfg: RunConfig | dict, *, root: Path | str | None = None, progress: bool
     (path / "summary.json").write_text(json.dumps(summary, indent=2))
     prov = provenance(cfg, ctx, wall, res, git_at_start)
     (path / "provenance.json").write_text(json.dumps(prov, indent=2))
+    if not keeps_checkpoint(cfg):
+        ckpt_path.unlink(missing_ok=True)
     return RunResult(cfg, path, res.history, res.per_client, summary, prov)
+
+
+KEEP_ENV = "PFLREPRO_KEEP_CHECKPOINTS"
+
+
+def keeps_checkpoint(cfg: RunConfig | dict) -> bool:
+    """Whether a finished run keeps its final checkpoint: when a later stage reads its final states (SCD Fig. 3's
+    new clients fine-tune the final GM: `new_clients` > 0, pflrepro.papers.newclients), or when
+    $PFLREPRO_KEEP_CHECKPOINTS=1 asks for every run's. A finished run is served from its summary, metrics and
+    per-client results; its checkpoint was there to resume it (checkpoints were 6.2 of the 6.3 GB of a default
+    repro's store)."""
+    new = cfg["new_clients"] if isinstance(cfg, dict) else cfg.new_clients
+    return new > 0 or os.environ.get(KEEP_ENV, "") not in ("", "0")
+
+
+def prune_checkpoints(root: Path | str | None = None, dry_run: bool = False) -> tuple[int, int]:
+    """Delete the checkpoints finished runs do not keep (`keeps_checkpoint`), e.g. in a store written before runs
+    dropped them; unfinished runs keep theirs (they resume from it). Returns (files, bytes)."""
+    base = Path(root) if root is not None else results_root() / "runs"
+    n = size = 0
+    for d in sorted(p for p in base.iterdir() if p.is_dir()) if base.exists() else []:
+        ckpt = d / "checkpoint.pt"
+        if not ((d / "summary.json").exists() and ckpt.exists() and (d / "config.json").exists()):
+            continue
+        if keeps_checkpoint(json.loads((d / "config.json").read_text())):
+            continue
+        n, size = n + 1, size + ckpt.stat().st_size
+        if not dry_run:
+            ckpt.unlink()
+    return n, size
 
 
 def _save_partition(path: Path, split: dict):
