@@ -51,6 +51,7 @@ def _add_run(sub) -> None:
     r.add_argument("--config", help="YAML file with run settings")
     r.add_argument("--force", action="store_true", help="rerun even if a stored result exists")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--yes", action="store_true", help="run even if the estimated cost is absurd (over 30 days)")
     r.add_argument("overrides", nargs="*", help="key=value settings")
 
 
@@ -134,9 +135,29 @@ def _config(a):
     return RunConfig.from_dict(_merge(cfg_dict, parse_overrides(a.overrides)))
 
 
+SAY_HOURS = 1 / 6        # a run estimated above 10 minutes says what it will cost before it starts
+ABSURD_HOURS = 24 * 30   # above 30 days (a lower bound, on this machine or the stated GPU rate) it needs --yes
+
+
+def _check_cost(cfg, yes: bool) -> None:
+    """Say what a long run costs before it starts (pflrepro.pipeline.budget: training FLOPs at the rate measured here,
+    a lower bound); refuse an absurd one (e.g. rounds=1e9) unless --yes."""
+    from .pipeline import budget
+    cost = budget.grid_cost([cfg], jobs=1)
+    hours = cost["total"]["wall_hours" if cfg.device == "cpu" else "gpu_hours"]
+    if hours > SAY_HOURS:
+        print(budget.describe(cost, "run").splitlines()[0], file=sys.stderr)
+    if hours > ABSURD_HOURS and not yes:
+        raise ConfigError(f"this run would train for at least {budget.hours(hours)}: check rounds, local_epochs, "
+                          "n_clients and the hparams' epochs, or pass --yes to run it anyway")
+
+
 def _run(a) -> int:
-    from .pipeline.store import run
-    res = run(_config(a), progress=not a.quiet, force=a.force)
+    from .pipeline.store import run, run_dir
+    cfg = _config(a)
+    if a.force or not (run_dir(cfg) / "summary.json").exists():
+        _check_cost(cfg, a.yes)
+    res = run(cfg, progress=not a.quiet, force=a.force)
     print(json.dumps({"path": str(res.path), "summary": res.summary}, indent=2))
     return 0
 
@@ -281,3 +302,6 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # Ctrl-C: one line, no traceback; runs keep their last checkpoints and resume
+        print("interrupted: runs keep their last checkpoints; the same command resumes them", file=sys.stderr)
+        return 130

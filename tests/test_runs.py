@@ -215,3 +215,21 @@ def test_prune_deletes_only_checkpoints_no_stage_reads(tmp_path, monkeypatch, ca
     assert main(["prune", "--results", str(tmp_path)]) == 0
     assert not (done.path / "checkpoint.pt").exists()
     assert (reads.path / "checkpoint.pt").exists() and (unfinished / "checkpoint.pt").exists()
+
+
+
+def test_cli_refuses_an_absurd_run_unless_told_yes_and_ctrl_c_is_one_line(store, capsys, monkeypatch):
+    """Issue 33: rounds=1e9 ran for ever; `run` now says what a long run costs (pflrepro.pipeline.budget) and refuses
+    one above 30 days without --yes, before anything is written. Ctrl-C prints one line and exits 130."""
+    from pflrepro import cli
+    assert cli.main(["run", "rounds=1000000000", "subsample=0.01", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "cost of 1 runs to train" in err and err.strip().splitlines()[-1].startswith(
+        "config error: this run would train for at least") and "--yes" in err
+    assert not store.exists() or not any((store / "runs").glob("*"))
+
+    def interrupted(a):
+        raise KeyboardInterrupt
+    monkeypatch.setitem(cli.VERBS, "list", (cli._add_list, interrupted))
+    assert cli.main(["list"]) == 130
+    assert capsys.readouterr().err.startswith("interrupted: ")
