@@ -140,7 +140,8 @@ def stage(name: str) -> dict:
     return {"cmd": f"mkdir -p results/{name} && papermill notebooks/{name}.ipynb results/{name}/{name}.ipynb "
                    "--no-progress-bar -p progress log",
             "deps": deps, "params": _tracked(chain, whole), "outs": [f"results/{name}", f"figures/{name}"],
-            **({} if not trains(name) else {"metrics": [{f"metrics/{name}.json": {"cache": False}}]})}
+            **({} if not trains(name) else {"metrics": [{f"metrics/{name}.json": {"cache": False}}],
+                                            "plots": [{f"metrics/{name}.curves.csv": {"cache": False}}]})}
 
 
 def dvc_yaml_text() -> str:
@@ -162,9 +163,10 @@ def dvc_yaml_text() -> str:
         "outs": ["results/report"],
     }
     # learning curves where DVC users look (`dvc plots show`, `dvc plots diff` between experiments): every training
-    # notebook's curves.csv (pflrepro.reporting.notebook.plot_curves_csv), one line per curve (template .dvc/plots/curves.json)
+    # notebook's metrics/<name>.curves.csv (pflrepro.reporting.notebook.plot_curves_csv; committed like the metrics, so a
+    # fresh clone draws them), one line per curve (template .dvc/plots/curves.json)
     metric = {n: _metric(n) for n in built if "metrics" in stages[n]}
-    plots = [{f"results/{n}/curves.csv": {"x": "round", "y": m, "template": "curves", "title": n,
+    plots = [{f"metrics/{n}.curves.csv": {"x": "round", "y": m, "template": "curves", "title": n,
                                            "y_label": f"{m} (%)"}} for n, m in metric.items()]
     return DVC_HEADER + yaml.safe_dump({"stages": stages, "plots": plots}, sort_keys=False, width=120).replace(": null", ":")
 

@@ -337,18 +337,37 @@ def test_each_paper_trains_its_runs_in_one_stage_before_its_notebooks():
 
 
 def test_every_training_stage_has_its_curves_as_a_dvc_plot():
-    """`dvc plots show` draws results/<stage>/curves.csv (written by Experiment.finish, checked on every notebook
-    in tests/test_notebooks.py) with the committed template, one line per curve."""
+    """`dvc plots show` draws metrics/<stage>.curves.csv (written by Experiment.finish, checked on every notebook
+    in tests/test_notebooks.py; an uncached plots output of the stage, committed like its metrics) with the
+    committed template, one line per curve."""
     doc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
     plots = {next(iter(p)): next(iter(p.values())) for p in doc["plots"]}
     for name, st in doc["stages"].items():
         if "metrics" in st:
-            spec = plots[f"results/{name}/curves.csv"]
+            spec = plots[f"metrics/{name}.curves.csv"]
             assert (spec["x"], spec["template"]) == ("round", "curves"), name
             assert spec["y"] == experiments.read_params(name).get("metric", "pm_acc_mean"), name
-            assert f"results/{name}" in st["outs"], name       # the file is inside the stage's output
+            assert st["plots"] == [{f"metrics/{name}.curves.csv": {"cache": False}}], name
     template = json.loads((REPO_ROOT / ".dvc" / "plots" / "curves.json").read_text())
     assert template["encoding"]["color"]["field"] == "curve" and template["data"]["values"] == "<DVC_METRIC_DATA>"
+
+
+def test_dvc_plots_show_draws_every_stage_in_a_fresh_clone(tmp_path):
+    """Issue 33: `dvc plots show` failed in a fresh clone (the curves were stage outputs, not in git, and there is no
+    remote). The committed curves draw there: every training stage's, with data and no error."""
+    dvc = Path(sys.executable).with_name("dvc")
+    if not dvc.exists():
+        pytest.skip("dvc is not installed beside this Python")
+    subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(tmp_path / "clone")], check=True)
+    out = subprocess.run([str(dvc), "plots", "show", "--json"], cwd=tmp_path / "clone", capture_output=True,
+                         text=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    shown = json.loads(out.stdout)
+    stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    wanted = {f"metrics/{n}.curves.csv" for n, st in stages.items() if "metrics" in st}
+    assert wanted <= set(shown), wanted - set(shown)
+    for path in wanted:
+        assert shown[path] and not any("error" in json.dumps(p).lower() for p in shown[path]), path
 
 
 def test_dvc_lock_records_the_code_and_params_at_head():

@@ -176,12 +176,20 @@ def metrics_path(name: str, out_dir, res_dir: Path) -> Path:
     return (REPO_ROOT if root == REPO_ROOT / "results" else root) / "metrics" / f"{name}.json"
 
 
+def curves_path(name: str, out_dir, res_dir: Path) -> Path:
+    """metrics/<name>.curves.csv beside the metrics for a DVC stage (committed like them, so `dvc plots show` draws
+    every stage's curves in a fresh clone), <out_dir>/curves.csv for a sweep point."""
+    if out_dir:
+        return Path(res_dir) / "curves.csv"
+    return metrics_path(name, out_dir, res_dir).with_name(f"{name}.curves.csv")
+
+
 def write_metrics_and_curves(name: str, results: dict, metric: str, profile: str, res_dir: Path, out_dir=None) -> None:
-    """The DVC metrics file (metrics_path) and the DVC plots file <res_dir>/curves.csv of a notebook's runs."""
+    """The DVC metrics file (metrics_path) and the DVC plots file (curves_path) of a notebook's runs."""
     path = metrics_path(name, out_dir, res_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(run_metrics(report.tidy(results, metric), profile), indent=1))
-    plot_curves_csv(results, metric).to_csv(Path(res_dir) / "curves.csv", index=False)
+    plot_curves_csv(results, metric).to_csv(curves_path(name, out_dir, res_dir), index=False)
 
 
 def plot_curves_csv(results: dict, metric: str) -> pd.DataFrame:
