@@ -157,10 +157,12 @@ def dvc_yaml_text() -> str:
         stages[name] = stage(name)
     papers = [n for n in stages if n not in FIXED_STAGES and n != "example" and not n.startswith("train_")]
     stages["report"] = {  # the replication report: every paper's tables, figures and claims checklist, last
-        "cmd": "python -m pflrepro report --results results --figures figures --out results/report",
+        "cmd": "python -m pflrepro report --results results --figures figures --out results/report --metrics "
+               "metrics/report.json",
         "deps": ["pflrepro/reporting/claims.py", "pflrepro/reporting/health.py", "pflrepro/reporting/replication.py", "paper_numbers"]
                 + [f"results/{n}" for n in papers] + [f"figures/{n}" for n in papers],
         "outs": ["results/report"],
+        "metrics": [{"metrics/report.json": {"cache": False}}],   # the verdicts per paper, compact
     }
     # learning curves where DVC users look (`dvc plots show`, `dvc plots diff` between experiments): every training
     # notebook's metrics/<name>.curves.csv (pflrepro.reporting.notebook.plot_curves_csv; committed like the metrics, so a

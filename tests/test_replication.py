@@ -16,10 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from pflrepro.__main__ import main  # noqa: E402
-from pflrepro.reporting import (
-    claims,
-    replication,  # noqa: E402
-)
+from pflrepro.paths import REPO_ROOT  # noqa: E402
+from pflrepro.reporting import claims, replication  # noqa: E402
 
 GIT = {"commit": "abcdef0123456789", "dirty": False}
 CLAIMS = {"paper": "fake", "min_gap": 1.0, "planned_stages": ["fake_table3"],
@@ -190,3 +188,25 @@ def test_run_health_says_none_flagged(tree):
     md = replication.write_report(results, figures, results / "report")["markdown"].read_text()
     assert "**Run health:** 0 of 2 runs flagged" in md           # fake_fig2's runs.csv has no column: not checked
     assert "Run health: 0 runs flagged (1 stage checked; collapse = " in md
+
+
+def test_verdict_metrics_are_a_compact_dvc_metrics_file():
+    """Issue 33: `dvc metrics show` over every stage was one 8,912-character header; the report stage also writes
+    the verdicts per paper as a small metrics file (declared in dvc.yaml). A paper with outputs of two profiles gets
+    a row per profile; a paper with nothing reproduced and no claims none."""
+    R = replication
+    row = dict(title="t", stages=1, holds=2, fails=1, undecided=0, claims=4, compute_s=1.0, flagged=0, note="")
+    summary = [{**row, "paper": "a", "profile": "mini", "not run": 1},
+               {**row, "paper": "b", "profile": "mini", "not run": 1}, {**row, "paper": "b", "profile": "paper",
+                                                                        "not run": 1, "flagged": 2},
+               {**row, "paper": "c", "profile": R.NOT_REPRODUCED, "not run": 0, "claims": 0}]
+    out = R.verdict_metrics(summary)
+    assert out == {"a": {"profile": "mini", "holds": 2, "fails": 1, "undecided": 0, "not_run": 1, "claims": 4,
+                         "runs_flagged": 0},
+                   "b (mini)": {"profile": "mini", "holds": 2, "fails": 1, "undecided": 0, "not_run": 1, "claims": 4,
+                                "runs_flagged": 0},
+                   "b (paper)": {"profile": "paper", "holds": 2, "fails": 1, "undecided": 0, "not_run": 1,
+                                 "claims": 4, "runs_flagged": 2}}
+    stage = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]["report"]
+    assert "--metrics metrics/report.json" in stage["cmd"]
+    assert stage["metrics"] == [{"metrics/report.json": {"cache": False}}]

@@ -501,12 +501,28 @@ def readme_with_summary(readme: str, summary: list[dict], stamp: str) -> str:
     return f"{head}{README_START}\n{summary_markdown(summary, link=False)}\n{stamp}\n{README_END}{tail}"
 
 
+def verdict_metrics(summary: list[dict]) -> dict:
+    """The summary as a small DVC metrics file: per paper (and profile, where a paper's outputs have several), how
+    many of its claims hold, fail, are undecided or not run, and how many runs run health flagged."""
+    out: dict = {}
+    for row in summary:
+        if row["profile"] == NOT_REPRODUCED and not row["claims"]:
+            continue
+        several = sum(r["paper"] == row["paper"] and r["profile"] != NOT_REPRODUCED for r in summary) > 1
+        key = f"{row['paper']} ({row['profile']})" if several or row["profile"] == NOT_REPRODUCED else row["paper"]
+        out[key] = {"profile": row["profile"], **{v.replace(" ", "_"): row[v] for v in claims.VERDICTS},
+                    "claims": row["claims"], "runs_flagged": row["flagged"]}
+    return out
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--readme", help="also put the summary table into this README (between its report-summary "
                     "markers), stamped with the commit and date")
     ap.add_argument("--results", help="results directory (default: $PFLREPRO_RESULTS or results/)")
     ap.add_argument("--figures", help="figures directory (default: figures/)")
     ap.add_argument("--out", help="where to write the report (default: <results>/report)")
+    ap.add_argument("--metrics", help="also write the claims' verdicts per paper here as a compact DVC metrics file "
+                    "(what `dvc metrics show metrics/report.json` and `dvc exp show` read)")
 
 
 def run_cli(a) -> int:
@@ -520,6 +536,11 @@ def run_cli(a) -> int:
     print(summary_markdown(out["summary"], link=False))
     for k in ("html", "markdown", "summary_csv", "summary_md"):
         print(f"wrote {out[k]}")
+    if getattr(a, "metrics", None):
+        path = Path(a.metrics)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(verdict_metrics(out["summary"]), indent=1) + "\n")
+        print(f"wrote {path}")
     if getattr(a, "readme", None):
         import datetime
 
