@@ -332,7 +332,7 @@ def test_each_paper_trains_its_runs_in_one_stage_before_its_notebooks():
         assert f" {name} " in train[paper]["cmd"], name
         assert {d for d in st["deps"] if d.startswith("params/")} <= set(train[paper]["deps"]), name
     trained = {n for st in train.values() for n in st["cmd"].split("--out")[0].split()[4:]}
-    with_runs = {n for n, st in dvc.items() if "metrics" in st and n != "example"}
+    with_runs = {n for n, st in dvc.items() if "plots" in st and n != "example"}   # the stages with runs: metrics and curves
     assert trained == with_runs
 
 
@@ -343,11 +343,13 @@ def test_every_training_stage_has_its_curves_as_a_dvc_plot():
     doc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
     plots = {next(iter(p)): next(iter(p.values())) for p in doc["plots"]}
     for name, st in doc["stages"].items():
-        if "metrics" in st:
+        if "plots" in st:   # a stage with runs (the report has metrics, no curves)
             spec = plots[f"metrics/{name}.curves.csv"]
             assert (spec["x"], spec["template"]) == ("round", "curves"), name
             assert spec["y"] == experiments.read_params(name).get("metric", "pm_acc_mean"), name
             assert st["plots"] == [{f"metrics/{name}.curves.csv": {"cache": False}}], name
+    with_runs = {n for n, st in doc["stages"].items() if "metrics" in st and n != "report"}
+    assert with_runs == {n for n, st in doc["stages"].items() if "plots" in st}   # every stage with runs has curves
     template = json.loads((REPO_ROOT / ".dvc" / "plots" / "curves.json").read_text())
     assert template["encoding"]["color"]["field"] == "curve" and template["data"]["values"] == "<DVC_METRIC_DATA>"
 
@@ -366,7 +368,7 @@ def test_dvc_plots_show_draws_every_stage_in_a_fresh_clone(tmp_path):
     assert not doc.get("errors"), doc.get("errors")
     shown = {k.split("::", 1)[-1]: v for k, v in doc["data"].items()}
     stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
-    wanted = {f"metrics/{n}.curves.csv" for n, st in stages.items() if "metrics" in st}
+    wanted = {f"metrics/{n}.curves.csv" for n, st in stages.items() if "plots" in st}
     assert wanted <= set(shown), wanted - set(shown)
     for path in wanted:   # each drawn with its rows (round, curve, the stage's metric)
         values = shown[path][0]["content"]["data"]["values"]
