@@ -32,7 +32,7 @@ def _domain_scores(clients: pd.DataFrame) -> pd.DataFrame:
 
 def fig3(E: Experiment, results: dict) -> pd.DataFrame:
     """Multi-domain federations: mean accuracy, each client on its own domain, parameters sent, curves per client."""
-    import seaborn as sns
+    sns = report.sns_theme()
     table = report.compare(E.tidy(), None, ("dataset", "setting", "method"), "last10")
     E.table(table, "Fig. 3: personalized accuracy, mean over the clients (one domain each; mean of the last 10 "
             "evaluations %)", note="Fig. 3 is a figure without printed numbers: no paper column. Its claims are "
@@ -47,7 +47,6 @@ def fig3(E: Experiment, results: dict) -> pd.DataFrame:
     E.table(comm["per_round_M"].mean().rename(columns={"per_round_M": "reproduced"}),
             "Parameters sent up and down a round, all clients together (millions; FedBN and FedBSD keep BN local, "
             "FedBSD the head too)", stem="communication", digits=4)
-    sns.set_theme(style="whitegrid")
     g = sns.relplot(data=clients, x="round", y="accuracy", hue="method", style="method", col="domain", row="setting",
                     kind="line", errorbar="sd", height=2.8, aspect=1.1, facet_kws={"sharey": False})
     g.set_axis_labels("communication round", "accuracy on its domain (%)")

@@ -12,12 +12,6 @@ from ..reporting import tables as report
 from ..reporting.notebook import Experiment
 
 
-def _sns():
-    import seaborn as sns
-    sns.set_theme(style="whitegrid")
-    return sns
-
-
 def table4(E: Experiment, results: dict) -> pd.DataFrame:
     """Rounds pFedSD needs to reach FedPer's accuracy at its last round, per dataset (and per seed)."""
     curves = report.curves(results, E.metric)
@@ -71,8 +65,8 @@ def fig2(E: Experiment, results: dict) -> pd.DataFrame:
     """The received global model against the client's last local model, on the local test sets, per round."""
     curves = report.curves(results, E.metric)
     curves["model"] = curves.method.map({"fedavg": "received global model", "fedavg_last_local": "last local model"})
-    g = _sns().relplot(data=curves, x="round", y=E.metric, hue="model", col="panel", kind="line", errorbar="sd",
-                       height=3.6, aspect=1.3, facet_kws={"sharey": False})
+    g = report.sns_theme().relplot(data=curves, x="round", y=E.metric, hue="model", col="panel", kind="line",
+                                   errorbar="sd", height=3.6, aspect=1.3, facet_kws={"sharey": False})
     g.set_axis_labels("communication round", "accuracy on local test sets (%)")
     g.set_titles("{col_name}")
     report.integer_ticks(g.axes.flat)
@@ -122,8 +116,8 @@ def fig8(E: Experiment) -> pd.DataFrame:
     table = runs.groupby(["dataset", "tau", "lam"], as_index=False).agg(best=("best", "mean"), best_std=("best", "std"),
                                                                        last10=("last10", "mean"))
     E.table(table, "Fig. 8: pFedSD accuracy (%) over λ and τ (best round; mean over seeds)")
-    g = _sns().catplot(data=runs, x="lam", y="best", hue="tau", col="dataset", kind="point", errorbar="sd",
-                       height=3.4, aspect=1.2, sharey=False)
+    g = report.sns_theme().catplot(data=runs, x="lam", y="best", hue="tau", col="dataset", kind="point",
+                                   errorbar="sd", height=3.4, aspect=1.2, sharey=False)
     g.set_axis_labels("λ", "personalized accuracy (%)")
     g.set_titles("{col_name}")
     E.figure(g.figure, "lambda_tau")
@@ -166,7 +160,7 @@ def table10(E: Experiment, out_dir=None) -> pd.DataFrame:
         paper, on="method", how="left")
     E.table(table, f"Table 10: seconds per round at {E.P['bandwidth_mbps']} Mbit/s per client, "
             f"{'parallel' if E.P['parallel_clients'] else 'sequential'} clients")
-    _sns()
+    report.sns_theme()
     ax = table.set_index("method")[["comm_pct", "client_pct", "server_pct"]].plot.barh(stacked=True, figsize=(6, 3.5))
     ax.set_xlabel("% of the round (reproduced)")
     E.figure(ax.figure, "time_split")

@@ -65,14 +65,13 @@ def time_to_target(E: Experiment, results: dict, title: str) -> pd.DataFrame:
 
 def new_clients(E: Experiment, results: dict) -> pd.DataFrame:
     """Fig. 3: the clients that never trained fine-tune the final GM for each of the params' epoch counts."""
-    import seaborn as sns
+    sns = report.sns_theme()
     rows = [{"method": m, "dataset": r.config.dataset, "setting": s, "seed": seed, "epochs": e,
              "acc": 100 * new_client_accuracy(r, e)["acc"]}
             for (m, s, seed), r in results.items() for e in E.P["finetune_epochs"]]
     table = (pd.DataFrame(rows).groupby(["dataset", "setting", "epochs", "method"], as_index=False, sort=False)
              .agg(reproduced=("acc", "mean"), repro_std=("acc", "std"), seeds=("acc", "count")))
     E.table(table, "SCD Fig. 3: new clients' weighted mean local test accuracy (%) after fine-tuning the final GM")
-    sns.set_theme(style="whitegrid")
     g = sns.catplot(data=table, x="method", y="reproduced", hue="epochs", col="setting", kind="bar", height=3.6,
                     aspect=1.6)
     g.set_axis_labels("", "new clients' accuracy (%)")

@@ -138,7 +138,7 @@ def sweep_value(setting: str) -> float:
 
 def plot_sweep(table: pd.DataFrame, xlabel: str, title: str = ""):
     """Accuracy against a swept setting (DC-PFL Figs. 2, 3): one line per method, one panel per dataset."""
-    sns = _sns()
+    sns = sns_theme()
     t = table.assign(x=table["setting"].map(sweep_value))
     g = sns.relplot(data=t, x="x", y="reproduced", hue="method", style="method", col="dataset", kind="line",
                     markers=True, height=3.4, aspect=1.3, facet_kws={"sharey": False, "sharex": False})
@@ -356,7 +356,7 @@ def plot_curves(df: pd.DataFrame, metric: str = "pm_acc_mean", title: str = "", 
                 x: str = "round"):
     """Learning curves with a band of +- one std over seeds (seaborn), one panel per setting; `x` = "round" or
     "sim_time" (the simulated clock's seconds: SCD Tables 4, 9)."""
-    sns = _sns()
+    sns = sns_theme()
     # style = hue: methods with identical curves (FedProx at a tiny mu over FedAvg) stay visible as dashes
     g = sns.relplot(data=df, x=x, y=metric, hue="method", style="method", col="panel" if "panel" in df else "setting",
                     kind="line", errorbar="sd", height=3.6, aspect=1.25, facet_kws={"sharey": False})
@@ -383,7 +383,8 @@ def save(fig, path: Path | str) -> Path:
     return path
 
 
-def _sns():
+def sns_theme():
+    """seaborn with the whitegrid theme (and Agg outside a notebook kernel): what every figure here draws with."""
     import sys
 
     import matplotlib
@@ -431,7 +432,7 @@ def plot_vs_paper(table: pd.DataFrame, title: str = "", x: str = "method", ylabe
 
 def plot_client_distribution(clients: pd.DataFrame, title: str = ""):
     """pFedSD Fig. 7: histogram of per-client personalized accuracy, one panel per dataset/setting."""
-    sns = _sns()
+    sns = sns_theme()
     c = clients.assign(panel=clients["dataset"] + " " + clients["setting"].astype(str))
     g = sns.displot(data=c, x="accuracy", hue="method", col="panel", kind="hist", element="step",
                     fill=False, bins=20, height=3.4, aspect=1.4, facet_kws={"sharey": False})
@@ -445,7 +446,7 @@ def plot_client_distribution(clients: pd.DataFrame, title: str = ""):
 def plot_architectures(clients: pd.DataFrame, title: str = ""):
     """PerFed-CKT Fig. 2(a): the share of clients per architecture (left; `clients` has one row per client with
     `model`, `params`, `samples`), and each client's training-set size by architecture (right), smallest model first."""
-    sns = _sns()
+    sns = sns_theme()
     from matplotlib.figure import Figure
     order = clients.sort_values("params").model.drop_duplicates().tolist()
     share = clients.model.value_counts(normalize=True).reindex(order).mul(100).rename("share").reset_index()
