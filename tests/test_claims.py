@@ -400,7 +400,7 @@ def test_shipped_claims_load_and_name_real_or_planned_stages(path):
     stages = set(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
     planned = set(doc.get("planned_stages", []))      # stages still being built (they land one by one)
     assert all(p.startswith(doc["paper"] + "_") for p in planned), planned
-    assert 10 <= len(doc["claims"]) <= 25, len(doc["claims"])
+    assert len(doc["claims"]) >= 10, len(doc["claims"])   # no cap: every checkable sentence (issue 31)
     for c in doc["claims"]:
         assert c["where"]["stage"] in stages | planned, (c["id"], c["where"])
         assert c["where"]["stage"].startswith(doc["paper"] + "_"), c["id"]

@@ -94,8 +94,8 @@ KEY_COLUMNS = ("dataset", "setting", "panel", "metric", "method")
 
 COMMON = {"id", "quote", "where", "form", "section", "column", "std", "select", "group_by", "quantifier",
           "aggregate", "better", "min_gap", "noise", "missing", "profiles", "paper_datasets", "paper_view",
-          "note", "paper_inconsistent"}
-TOP = {"paper", "source", "min_gap", "paper_datasets", "planned_stages", "scale_notes", "claims"}
+          "note", "paper_inconsistent", "by_design", "headline"}
+TOP = {"paper", "source", "min_gap", "paper_datasets", "planned_stages", "scale_notes", "claims", "paper_seeds"}
 FORMS = {  # form -> (required fields, optional fields)
     "order": ({"a", "b"}, {"by"}),
     "order_all": ({"above", "below"}, {"pairs"}),
@@ -105,7 +105,7 @@ FORMS = {  # form -> (required fields, optional fields)
     "near": ({"quantity", "tolerance"}, {"a", "b", "target", "paper_column", "paper_std", "among", "exclude"}),
 }
 CHOICES = {"quantifier": ("all", "most", "any"), "aggregate": ("mean", "max"), "better": ("higher", "lower"),
-           "noise": ("seeds", "none"), "missing": ("skip", "fails"), "pairs": ("all", "any"),
+           "noise": ("seeds", "none"), "missing": ("skip", "fails", "worst"), "pairs": ("all", "any"),
            "direction": ("increasing", "decreasing", "peak"), "steps": ("all", "ends"),
            "quantity": ("value", "diff", "ratio", "margin")}
 
@@ -195,6 +195,10 @@ def _validate(c: dict, name: str) -> None:
             raise ClaimsError(f"{name}: near with quantity {q!r} needs {', '.join(sorted(need - set(c)))}")
     if form == "trend" and c["direction"] == "peak" and c.get("steps") == "ends":
         raise ClaimsError(f"{name}: a peak has no 'steps: ends' reading")
+    if "by_design" in c and not (isinstance(c["by_design"], str) and c["by_design"].strip()):
+        raise ClaimsError(f"{name}: by_design must say why the quantity is fixed by construction")
+    if "headline" in c and not isinstance(c["headline"], bool):
+        raise ClaimsError(f"{name}: headline must be true or false")
     if "paper_view" in c and not (c["paper_view"] is False or isinstance(c["paper_view"], dict)):
         raise ClaimsError(f"{name}: paper_view must be false or {{rename: {{...}}, select: {{...}}}}")
 
