@@ -75,7 +75,7 @@ def _add_partition(sub) -> None:
 def _add_claims(sub) -> None:
     from .reporting import claims
     claims.add_arguments(sub.add_parser("claims", help="check the papers' claims on reproduced tables "
-                                        "(holds/fails/undecided/not run)"))
+                                        "(holds/partial/fails/inconclusive/underpowered/by design/not run)"))
 
 
 def _add_report(sub) -> None:

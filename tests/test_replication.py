@@ -20,14 +20,14 @@ from pflrepro.paths import REPO_ROOT  # noqa: E402
 from pflrepro.reporting import claims, replication  # noqa: E402
 
 GIT = {"commit": "abcdef0123456789", "dirty": False}
-CLAIMS = {"paper": "fake", "min_gap": 1.0, "planned_stages": ["fake_table3"],
+CLAIMS = {"paper": "fake", "planned_stages": ["fake_table3"],
           "scale_notes": {"mini": "Method two needs ten times the data."}, "claims": [
     {"id": "m1-beats-m2", "quote": "Method one beats method two.", "where": {"stage": "fake_table1", "table": "table"},
      "form": "order", "a": "m1", "b": "m2"},                                       # 80 vs 70: holds
     {"id": "m2-beats-m1", "quote": "Method two beats method one.", "where": {"stage": "fake_table1", "table": "table"},
      "form": "order", "a": "m2", "b": "m1"},                                       # fails
     {"id": "m1-beats-m3", "quote": "Method one beats method three.", "where": {"stage": "fake_table1", "table": "table"},
-     "form": "order", "a": "m1", "b": "m3"},                                       # 80 vs 79.5, one seed: undecided
+     "form": "order", "a": "m1", "b": "m3", "headline": True},                    # paired +0.5, -0.5, +1.5: inconclusive
     {"id": "fig-m1-best", "quote": "Method one is best in the figure.", "where": {"stage": "fake_fig2", "table": "table"},
      "form": "best", "a": "m1"},                                                   # holds
     {"id": "planned", "quote": "A table nobody has reproduced yet.", "where": {"stage": "fake_table3", "table": "table"},
@@ -49,8 +49,12 @@ def stage(results: Path, name: str, values: dict, runs: dict[str, float], profil
     each run's own provenance.json in the store results/runs/)."""
     d = results / name
     d.mkdir(parents=True)
+    # three seeds each: m3's seeds move against m1's (so m1 vs m3 straddles), the others by one point alike
+    jitter = {"m3": (0.0, 2.0, -2.0)}
     t = pd.DataFrame({"dataset": "fmnist", "setting": "s1", "method": list(values), "reproduced": list(values.values()),
-                      "repro_std": float("nan"), "seeds": 1, "paper": 90.0})
+                      "repro_std": 1.0, "seeds": 3, "paper": 90.0,
+                      "repro_seeds": [";".join(f"{s}:{v + j + (s == 1) - (s == 2)}" for s, j in
+                                               enumerate(jitter.get(m, (0.0, 0.0, 0.0)))) for m, v in values.items()]})
     t["diff"] = t["reproduced"] - t["paper"]
     t.to_csv(d / "table.csv", index=False)
     rows = "\n".join(f"| {m} | {v:.2f} | 90.00 | {v - 90:.2f} |" for m, v in values.items())
@@ -111,14 +115,17 @@ def test_report_files_figures_embedded_and_nothing_external(tree):
 def test_summary_counts_match_the_claims_checker(tree):
     results, figures, _ = tree
     expected = claims.summary(claims.check(results))
-    assert expected["fake"] == {"holds": 2, "fails": 1, "undecided": 1, "not run": 1}   # the fixture decides each way
+    assert expected["fake"] == {"holds": 2, "partial": 0, "fails": 1, "inconclusive": 1, "underpowered": 0,
+                                "by design": 0, "not run": 1}   # the fixture decides each way
     out = replication.write_report(results, figures, results / "report")
     rows = [r for r in out["summary"] if r["paper"] == "fake"]
     assert {r["profile"] for r in rows} == {"mini", replication.NOT_REPRODUCED}
     for v in claims.VERDICTS:
         assert sum(r[v] for r in rows) == expected["fake"][v]
     mini = next(r for r in rows if r["profile"] == "mini")
-    assert (mini["stages"], mini["holds"], mini["fails"], mini["undecided"], mini["not run"]) == (2, 2, 1, 1, 0)
+    assert (mini["stages"], mini["holds"], mini["fails"], mini["inconclusive"], mini["not run"]) == (2, 2, 1, 1, 0)
+    assert mini["independent"] == 1           # every decided claim reads run m1-a: one independent test
+    assert mini["headline"].startswith("1 inconclusive of 1 (m1-beats-m3: inconclusive)")
     assert mini["compute_s"] == 35.0                               # run m1-a counted once: 10 + 20 + 5
     csv = pd.read_csv(out["summary_csv"])
     assert csv.query("paper == 'fake' and profile == 'mini'")["holds"].item() == 2
@@ -150,17 +157,19 @@ def test_cli(tree, capsys):
     results, figures, _ = tree
     assert main(["report", "--results", str(results), "--figures", str(figures), "--out", str(results / "r")]) == 0
     assert (results / "r" / "report.html").is_file()
-    assert "| fake | mini | 2 | 2 | 1 | 1 | 0 |" in capsys.readouterr().out
+    assert "| fake | mini | 2 | 2 | 0 | 1 | 1 | 0 | 0 | 0 | 1 |" in capsys.readouterr().out
 
 
 def test_readme_block_gets_the_summary_and_its_stamp():
     from pflrepro.reporting.replication import README_END, README_START, readme_with_summary
-    row = {"paper": "x", "title": "Paper X", "profile": "mini", "stages": "2 of 2", "holds": 3, "fails": 1,
-           "undecided": 2, "not run": 0, "compute_s": 65.0, "note": ""}
+    row = {"paper": "x", "title": "Paper X", "profile": "mini", "stages": "2 of 2", "holds": 3, "partial": 0, "fails": 1,
+           "inconclusive": 2, "underpowered": 0, "by design": 0, "not run": 0, "independent": 3, "compute_s": 65.0,
+           "note": ""}
     text = f"# R\n\nintro\n{README_START}\nold table\n{README_END}\nafter\n"
     out = readme_with_summary(text, [row], "Measured at commit abc.")
     assert out.startswith("# R\n\nintro\n" + README_START) and out.endswith(README_END + "\nafter\n")
-    assert "old table" not in out and "| Paper X | mini | 2 of 2 | 3 | 1 | 2 | 0 |" in out and "Measured at commit abc." in out
+    assert "old table" not in out and "| Paper X | mini | 2 of 2 | 3 | 0 | 1 | 2 | 0 | 0 | 0 | 3 |" in out \
+        and "Measured at commit abc." in out
     assert readme_with_summary(out, [row], "Measured at commit abc.") == out          # idempotent
     with pytest.raises(ValueError, match="report-summary"):
         readme_with_summary("# no markers\n", [row], "")
@@ -174,8 +183,9 @@ def test_run_health_lists_each_flagged_run_once_with_its_stages(tree):
         df.to_csv(results / name / "runs.csv", index=False)
     md = replication.write_report(results, figures, results / "report")["markdown"].read_text()
     assert md.count("**Run health:** 1 of 3 runs flagged") == 1               # the fake paper: m1-a, m2-b, m3-c
-    assert re.search(r"\| \[fake\]\(#paper-fake\) \| mini \| 2 \| 2 \| 1 \| 1 \| 0 \| 35.0 s \| 1 \|", md)  # runs flagged
-    assert re.search(r"\| \[other\]\(#paper-other\) \| smoke \| 1 \|( \d+ \|){4} 1.0 s \| — \|", md)  # not checked
+    assert re.search(r"\| \[fake\]\(#paper-fake\) \| mini \| 2 \| 2 \| 0 \| 1 \| 1 \| 0 \| 0 \| 0 \| 1 \| 35.0 s \| 1 \|",
+                     md)  # runs flagged
+    assert re.search(r"\| \[other\]\(#paper-other\) \| smoke \| 1 \|( \d+ \|){8} 1.0 s \| — \|", md)  # not checked
     assert "| `m1-a` | m1 / s1 / 0 | `fake_table1`, `fake_fig2` | fall: last evaluation 28.0 points under the best |" in md
     assert re.search(r"Run health: 1 run flagged \(fake: 1; listed under each paper\) \(2 stages checked; collapse = ", md)
     assert "other_table1" in md and md.count("**Run health:**") == 1          # a runs.csv without the column: not checked
@@ -195,18 +205,18 @@ def test_verdict_metrics_are_a_compact_dvc_metrics_file():
     the verdicts per paper as a small metrics file (declared in dvc.yaml). A paper with outputs of two profiles gets
     a row per profile; a paper with nothing reproduced and no claims none."""
     R = replication
-    row = dict(title="t", stages=1, holds=2, fails=1, undecided=0, claims=4, compute_s=1.0, flagged=0, note="")
+    counts = {"holds": 2, "partial": 0, "fails": 1, "inconclusive": 0, "underpowered": 1, "by design": 0}
+    row = dict(title="t", stages=1, claims=5, independent=2, compute_s=1.0, flagged=0, note="", **counts)
     summary = [{**row, "paper": "a", "profile": "mini", "not run": 1},
                {**row, "paper": "b", "profile": "mini", "not run": 1}, {**row, "paper": "b", "profile": "paper",
                                                                         "not run": 1, "flagged": 2},
                {**row, "paper": "c", "profile": R.NOT_REPRODUCED, "not run": 0, "claims": 0}]
     out = R.verdict_metrics(summary)
-    assert out == {"a": {"profile": "mini", "holds": 2, "fails": 1, "undecided": 0, "not_run": 1, "claims": 4,
-                         "runs_flagged": 0},
-                   "b (mini)": {"profile": "mini", "holds": 2, "fails": 1, "undecided": 0, "not_run": 1, "claims": 4,
-                                "runs_flagged": 0},
-                   "b (paper)": {"profile": "paper", "holds": 2, "fails": 1, "undecided": 0, "not_run": 1,
-                                 "claims": 4, "runs_flagged": 2}}
+    metric = {"holds": 2, "partial": 0, "fails": 1, "inconclusive": 0, "underpowered": 1, "by_design": 0, "not_run": 1,
+              "claims": 5, "independent_tests": 2}
+    assert out == {"a": {"profile": "mini", **metric, "runs_flagged": 0},
+                   "b (mini)": {"profile": "mini", **metric, "runs_flagged": 0},
+                   "b (paper)": {"profile": "paper", **metric, "runs_flagged": 2}}
     stage = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]["report"]
     assert "--metrics metrics/report.json" in stage["cmd"]
     assert stage["metrics"] == [{"metrics/report.json": {"cache": False}}]

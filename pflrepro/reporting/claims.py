@@ -4,71 +4,73 @@ Each paper has `paper_numbers/<paper>_claims.yaml`: the sentences its abstract a
 about its own tables, each quoted exactly and given a machine-checkable form over the cells of one
 table a notebook writes (`results/<stage>/<table>.csv`). `check()` evaluates every claim on a results
 directory (default `results/`, or `$PFLREPRO_RESULTS`, as `experiments.output_dirs`) and returns one
-row per claim: paper, id, quote, verdict (holds / fails / undecided / not run), the numbers that
-decided it, the cells it was evaluated on, and whether those are the paper's datasets or an offline
-stand-in (`mini` runs Fashion-MNIST where a paper ran CIFAR). `python -m pflrepro claims` prints it.
+row per claim: its verdict, its effect with a 95 % interval, the same effect on the paper's own printed numbers
+and the verdict there, the competitors absent, the smallest per-client test set behind it, the runs it read,
+and the numbers that decided it. `python -m pflrepro claims` prints it.
 
-Claims read REPRODUCED values (`reproduced` ± `repro_std` in the accuracy tables, or the column a
-claim names); only `near` with `quantity: value` compares with the printed paper column, which is
-what that form is for.
+VERDICTS (pflrepro/reporting/verdicts.py has the statistics and the rule in full):
+- **holds**: the 95 % interval of the claim's effect lies on the claimed side (for a magnitude: on the claimed
+  side and consistent with the claimed magnitude); **partial**: it holds among the competitors that ran, but
+  some of the paper's competitors did not run (a `best` claim over 3 of the paper's 7 methods);
+- **fails**: the interval lies on the other side, or excludes the claimed magnitude, or (quantifier `all`) one
+  cell is decidedly against the claim at the Bonferroni level;
+- **inconclusive**: the interval straddles, and the profile could have detected the paper's own effect;
+- **underpowered**: the interval straddles and the minimum detectable effect at this profile's seeds and spread
+  exceeds the paper's own effect, or there is no interval (fewer than 3 seeds: no verdict from an assumed noise);
+- **by design**: a quantity fixed by construction (exact byte counts, the simulated clock's speedups, code
+  invariants: the claim's `by_design` says why); evaluated and shown, never counted as support;
+- **not run**: its table, profile, cells or methods are not in the outputs.
+
+EFFECTS. A form turns a claim into comparisons (each all must hold), each an effect per cell, computed per seed
+over the seeds its values share (paired: seed s draws one partition and initialisation for every method; the
+table's `repro_seeds` column, "seed:value;...", or `<column>_seeds` for another column), pooled over the cells
+(the mean of the cells' means; a stratified bootstrap over seeds gives the interval). Values without per-seed
+entries carry their std over `seeds` (or, for the papers' printed numbers, over the file's `paper_seeds`, default
+3) and get a delta-method t interval. `noise: none` values are exact.
 
 Forms (fields beyond the common ones; a *ref* is a method name or a mapping of column filters,
 optionally with `column:`/`std:` to read another value column, e.g. `{tau: 3}` or
 `{column: last local model}`):
 
-- `order`      a > b (b may be a list: a > each), optionally `by:` a margin in the column's units.
-- `order_all`  every ref in `above` > every ref in `below` in a cell (`pairs: any`: at least one pair).
-- `best`       a (or the best of a list) beats every other method of the cell, or of `among`
-               (minus `exclude`).
-- `trend`      a series along an ordered column (`along:` setting by default; `order:` the values, or
-               the values present sorted by the number in them) is `increasing`, `decreasing` or has an
-               interior `peak`; one series per ref in `series` (default: each method present), or,
-               along `method`, one per cell. `steps: all` (default): no step decidedly against the
-               direction and the ends decidedly in it; `steps: ends`: the ends only ("tends to"). A peak
-               holds when the highest interior point is decidedly above both ends and fails when the
-               higher end is decidedly above every interior point.
-- `ratio`      num / den (num may be a list), or a column that already is a ratio (`value:` ref, e.g.
-               a speedup), against `at_least` and/or `at_most`.
-- `near`       a quantity within `tolerance` of a printed number: `value` (each cell against its
-               `paper` column), `diff` (a - b), `ratio` (a / b) or `margin` (a - the best other
-               method) against `target`.
+- `order`      a > b (b may be a list: a > each, one comparison per b), optionally `by:` a margin in the column's
+               units (a negative `by` reads "as good as": a > b - margin). Effect: a - b.
+- `order_all`  every ref in `above` > every ref in `below` in a cell (`pairs: any`: at least one pair). Effect: the
+               smallest (`any`: largest) above - below difference of a seed.
+- `best`       a (or the best of a list) beats every other method of the cell, or of `among` (minus `exclude`).
+               Effect: a minus the best competitor of the seed. Competitors the paper's own table has that did
+               not run here make a holding claim `partial`.
+- `trend`      a series along an ordered column (`along:` setting by default; `order:` the values, or the values
+               present sorted by the number in them) is `increasing`, `decreasing` or has an interior `peak`; one
+               series per ref in `series` (default: each method present), or, along `method`, one per cell. The
+               series are pooled like cells. Increasing/decreasing: the effect is last - first (in the direction),
+               and with `steps: all` (default) no single step may be decidedly against the direction (a guard at
+               the Bonferroni level); `steps: ends`: the ends only ("tends to"). Peak: the highest interior point
+               (by its mean) minus the higher end of the seed; a monotone series fails it.
+- `ratio`      num / den (num may be a list: one comparison each), or a column that already is a ratio (`value:`
+               ref, e.g. a speedup), against `at_least` and/or `at_most` (both: a band).
+- `near`       a quantity within `tolerance` of a printed number: `value` (each cell against its `paper` column),
+               `diff` (a - b), `ratio` (a / b) or `margin` (a - the best other method) against `target`; diff,
+               ratio and margin must also be on the target's side of 0 (ratio: of 1).
 
 Common fields: id, quote (verbatim; a sentence broken by a table in the source joins its parts with
 "[...]"), section, where {stage, table}, form, column (default `reproduced`), std (default
-`repro_std`), select {column: value or list} (the cells a claim is about; default all), group_by
-(cell keys; default the key columns dataset/setting/panel/metric/method present and not used by the refs),
-quantifier over cells (`all` default, `most` = more than half, `any`), aggregate (`mean` / `max` over
-the cells before deciding; `order`, `ratio`, `near`), better (`higher` default / `lower`), min_gap,
-noise (`seeds` default / `none` for exact measurements: bytes, MACs), missing (`skip` default / `fails`:
-a blank value, e.g. a speedup never reached, decides against the claim), profiles (run only on these
-profiles' outputs), paper_datasets (the datasets the paper's sentence is about; other datasets are
-reported as a stand-in), paper_view (how the claim reads `paper_numbers/` for the self-check, or false),
-note, paper_inconsistent (where the paper's own numbers contradict its sentence: said, not hidden).
-
-THE UNDECIDED RULE. One seed cannot decide a claim inside its noise. Every value gets a noise
-half-width e: its standard deviation over seeds where the table has one (n >= 2 seeds; a single seed's
-std is blank, see report.compare), otherwise min_gap / 2 (min_gap: the claim's, else the file's, else
-DEFAULT_MIN_GAP = 1.0 accuracy point), or 0 for `noise: none`. A difference A - B then carries
-e_A + e_B (with seeds: |mean_A - mean_B| <= std_A + std_B is undecided; single seeds: a difference of
-at most min_gap is undecided), a ratio A / B carries |A/B| (e_A/|A| + e_B/|B|), a mean over k cells
-sqrt(sum e_i^2) / k. A comparison of a quantity q (noise e) with a threshold t is undecided when
-|q - t| <= e, else decided by the comparison (with e = 0, by the plain comparison, so `at_most: 1`
-holds at exactly 1). `near` compares |q - target| with the tolerance the same way.
-
-PAIRED SEEDS. Seed s draws the same partition and initialisation for every method, and the partition moves
-all methods together (3-6 points between seeds on pFedSD Table 2). Where a table has `repro_seeds` (each
-seed's value, report.compare) and both sides of a difference ran two or more common seeds, the difference
-is paired: its value is the mean of the per-seed differences and its noise their std over seeds, floored
-at min_gap / 2 (the same strength as the unpaired rule, a spread and not a standard error). Ratios stay
-unpaired.
-OVER CELLS. `all` holds when every cell holds and fails when any fails; `most` holds when more than half hold and fails
-when at least half fail; `any` holds when one holds and fails when all fail; otherwise undecided.
-A claim is `not run` when its table, profile, cells or methods are not in the outputs.
+`repro_std` for `reproduced`, `<column>_std` otherwise), select {column: value or list} (the cells a claim is about;
+default all), group_by (cell keys; default the key columns dataset/setting/panel/metric/method present and not used
+by the refs), quantifier over cells (`all` default, `most` = the pooled effect alone, `any` = one cell at the
+Bonferroni level), aggregate (`mean`: the pooled effect alone, as `most`; `max`: the cell with the largest effect,
+alone), better (`higher` default / `lower`), noise (`seeds` default / `none` for exact measurements: bytes, MACs),
+missing (`skip` default; `worst` or `fails`: a blank value, e.g. a target never reached, counts as the worst
+possible value, so the method lost), profiles (run only on these profiles' outputs), paper_datasets (the datasets
+the paper's sentence is about; other datasets are reported as a stand-in), paper_view (how the claim reads
+`paper_numbers/` for the self-check, or false), note, paper_inconsistent (where the paper's own numbers contradict
+its sentence: said, not hidden), by_design (why the quantity is fixed by construction), headline (an abstract or
+main 'best' claim: listed first). `min_gap` (an assumed noise, no longer used) is accepted in old files.
 
 `check(source="paper")` evaluates the same claims on the paper's own printed numbers
 (`paper_numbers/<paper_table>.csv` of the stage's params file, or `paper_numbers/<stage>.csv` for a stage
-not built yet; its printed std over seeds where it has one): a claim that fails there is either
-mis-encoded or marked `paper_inconsistent`, and one so marked must not hold there (tests/test_claims.py).
+not built yet; its printed std over `paper_seeds` where it has one, else the point values alone): a claim that
+fails there is either mis-encoded or marked `paper_inconsistent`, and one so marked must not hold there
+(tests/test_claims.py). Every reproduced row carries that paper-side effect and verdict.
 """
 from __future__ import annotations
 
@@ -78,19 +80,24 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
+from . import verdicts
+from .verdicts import Region, Sample
+
 REPO_ROOT = Path(__file__).resolve().parents[2]   # = paths.REPO_ROOT (not imported: no torch for a checklist)
 CLAIMS_DIR = REPO_ROOT / "paper_numbers"
-DEFAULT_MIN_GAP = 1.0
-VERDICTS = ("holds", "fails", "undecided", "not run")
+VERDICTS = verdicts.VERDICTS
+DEFAULT_PAPER_SEEDS = 3
+SMALL_TEST = 30          # a per-client test set under this many images is named beside the verdict
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 KEY_COLUMNS = ("dataset", "setting", "panel", "metric", "method")
+
 
 COMMON = {"id", "quote", "where", "form", "section", "column", "std", "select", "group_by", "quantifier",
           "aggregate", "better", "min_gap", "noise", "missing", "profiles", "paper_datasets", "paper_view",
@@ -207,21 +214,29 @@ def _as_list(x) -> list:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-# ------------------------------------------------------------------ numbers with noise
+
+# ------------------------------------------------------------------ values and effects
 @dataclass
 class Val:
+    """One ref's value in one cell: the mean over seeds `x`, its std over seeds `sd` (nan: unknown), the number of
+    seeds `n`, each seed's value where the table has them (a blank seed: nan), and the row's keys (its runs)."""
     label: str
     x: float
-    e: float
-    rule: str   # "std" (seeds' spread), "min_gap" (one seed or no spread in the table), "exact", "paired"
-    per_seed: dict | None = None   # seed -> value, from the table's `repro_seeds` (pairs differences)
+    sd: float = float("nan")
+    n: int = 1
+    per_seed: dict | None = None
+    exact: bool = False
+    keys: dict = field(default_factory=dict)
+    min_test: float = float("nan")
 
     def __str__(self):
-        return f"{self.label} {_fmt(self.x)}" + (f"±{_fmt(self.e)}" if self.e else "")
+        seeds = f" (seeds {', '.join(f'{s}:{_fmt(v)}' for s, v in self.per_seed.items())})" if self.per_seed else ""
+        spread = f"±{_fmt(self.sd)}" if self.sd == self.sd and not self.per_seed and not self.exact else ""
+        return f"{self.label} {_fmt(self.x)}{spread}{seeds}"
 
 
 def _parse_seeds(cell) -> dict | None:
-    """`repro_seeds` ("0:93.81;1:90.83") -> {0: 93.81, 1: 90.83}; None when blank or malformed."""
+    """`repro_seeds` ("0:93.81;1:90.83;2:nan") -> {0: 93.81, 1: 90.83, 2: nan}; None when blank or malformed."""
     if not isinstance(cell, str) or not cell.strip():
         return None
     out = {}
@@ -234,49 +249,63 @@ def _parse_seeds(cell) -> dict | None:
     return out
 
 
-def minus(a: Val, b: Val, sign: float = 1.0, floor: float = 0.0) -> Val:
-    """sign * (a - b) with its noise. Where both carry per-seed values on two or more common seeds, the
-    difference is PAIRED: the mean of the per-seed differences, with noise max(their std, floor) (seed s
-    draws the same partition and initialisation for every method, so the partition's share of the spread
-    cancels). Otherwise unpaired: the difference of the means with noise e_a + e_b."""
-    common = sorted(set(a.per_seed or {}) & set(b.per_seed or {}))
-    label = f"{a.label}-{b.label}"
-    if len(common) >= 2 and a.rule != "exact":
-        d = [sign * (a.per_seed[s] - b.per_seed[s]) for s in common]
-        return Val(label, float(np.mean(d)), max(float(np.std(d, ddof=1)), floor), "paired",
-                   dict(zip(common, d)))
-    return Val(label, sign * (a.x - b.x), a.e + b.e, a.rule)
-
-
-def _paired_text(q: Val) -> str:
-    return (f" (paired over seeds {', '.join(map(str, q.per_seed))}: "
-            f"{', '.join(f'{d:+.2f}' for d in q.per_seed.values())})") if q.rule == "paired" else ""
-
-
 def _fmt(x: float) -> str:
-    if x != x:
-        return "nan"
-    return f"{x:.2f}" if abs(x) >= 10 else f"{x:.4g}"
+    return verdicts._fmt(x)
 
 
-def decide(q: float, e: float, op: str, t: float) -> str:
-    """holds / fails / undecided for `q op t`, q carrying noise half-width e (see module docstring)."""
-    if q != q:
-        return "undecided"
-    if e > 0 and abs(q - t) <= e:
-        return "undecided"
-    ok = {">": q > t, "<": q < t, ">=": q >= t, "<=": q <= t}[op]
-    return "holds" if ok else "fails"
+def _delta_se(f, vals: list[Val]) -> tuple[float | None, float | None]:
+    """Standard error of f at the means from each value's std over its seeds (delta method, numerical
+    derivatives), and the degrees of freedom (sum of n - 1); None when a value f depends on has no spread."""
+    xs = np.array([v.x for v in vals], dtype=np.float64)
+    var, df = 0.0, 0.0
+    for i, v in enumerate(vals):
+        if v.exact:
+            continue
+        h = 1e-4 * max(1.0, abs(xs[i]))
+        up, dn = xs.copy(), xs.copy()
+        up[i] += h
+        dn[i] -= h
+        g = (f(list(up)) - f(list(dn))) / (2 * h)
+        if g == 0:
+            continue
+        if v.sd != v.sd or v.n < 2:
+            return None, None
+        var += g * g * v.sd ** 2 / v.n
+        df += v.n - 1
+    return math.sqrt(var), df
 
 
-def combine(results: list[str], quantifier: str = "all") -> str:
-    n = len(results)
-    h, f = results.count("holds"), results.count("fails")
-    if quantifier == "all":
-        return "fails" if f else ("holds" if h == n else "undecided")
-    if quantifier == "most":
-        return "holds" if h > n / 2 else ("fails" if f >= n / 2 else "undecided")
-    return "holds" if h else ("fails" if f == n else "undecided")
+def effect(name: str, vals: list[Val], f, text: str = "") -> Sample:
+    """The effect f([value of each of `vals`]) in one cell: per seed over the seeds all of them share (paired),
+    else at the means with a delta-method standard error, or exact where every value is."""
+    xs = [v.x for v in vals]
+    if all(v.exact for v in vals):
+        return Sample(name, float(f(xs)), exact=True, text=text)
+    if all(v.per_seed for v in vals):
+        common = sorted(set.intersection(*(set(v.per_seed) for v in vals)))
+        if common:
+            per = np.array([f([v.per_seed[s] for v in vals]) for s in common], dtype=np.float64)
+            return Sample(name, float(np.mean(per)), values=per, text=text)
+    point = float(f(xs))
+    if not math.isfinite(point):          # a method that never reached a target: decided by that alone
+        return Sample(name, point, exact=True, text=text)
+    se, df = _delta_se(f, vals)
+    return Sample(name, point, se=se, df=df, text=text)
+
+
+@dataclass
+class Comparison:
+    """One effect over the claim's cells and the region the claim puts it in (a claim: one or several)."""
+    label: str
+    region: Region
+    cells: list = field(default_factory=list)       # [Sample]
+    skipped: list = field(default_factory=list)     # [(cell, why)]
+    used: list = field(default_factory=list)        # [Val] read (their runs and test sets)
+    guard: bool = False                             # can only fail the claim (a trend's steps)
+
+    def add(self, name: str, vals: list[Val], f, text: str = "") -> None:
+        self.cells.append(effect(name, vals, f, text or "; ".join(str(v) for v in vals)))
+        self.used += vals
 
 
 # ------------------------------------------------------------------ tables
@@ -337,17 +366,17 @@ def _ref_label(r) -> str:
 
 
 class Evaluator:
-    """One claim on one table."""
+    """One claim on one table (the reproduced one, or the paper's printed numbers: `paper`)."""
 
-    def __init__(self, claim: dict, table: pd.DataFrame, min_gap: float):
+    def __init__(self, claim: dict, table: pd.DataFrame, paper: bool = False, paper_seeds: int = DEFAULT_PAPER_SEEDS):
         self.c = claim
         self.df = table
+        self.paper = paper
+        self.paper_seeds = int(paper_seeds)
         self.column = claim.get("column", "reproduced")
-        self.std = claim.get("std", "repro_std")
-        self.min_gap = float(claim.get("min_gap", min_gap))
         self.sign = -1.0 if claim.get("better") == "lower" else 1.0
         self.exact = claim.get("noise") == "none"
-        self.missing_fails = claim.get("missing") == "fails"
+        self.worst = claim.get("missing") in ("fails", "worst")
         self._cache: dict = {}
 
     def _records(self, cell: pd.DataFrame) -> list[dict]:
@@ -374,25 +403,32 @@ class Evaluator:
             raise NotRun(f"ref {_ref_label(ref)} matches {len(rows)} rows of one cell: give group_by or a filter")
         row = rows[0]
         x = _num(row[col])
-        label = _ref_label(ref)
-        if x != x:
-            if self.missing_fails:
-                return Val(label, float("nan"), 0.0, "blank")
+        worst = -self.sign * math.inf
+        if x != x and not self.worst:
             return None
-        per_seed = _parse_seeds(row.get("repro_seeds")) if col == "reproduced" and not self.exact else None
-        return Val(label, x, *self._noise(row, d.get("std", self.std)), per_seed)
-
-    def minus(self, a: Val, b: Val, sign: float | None = None) -> Val:
-        """a - b (times the claim's sign unless given) with its noise, paired over seeds where it can be."""
-        return minus(a, b, self.sign if sign is None else sign, floor=0.0 if self.exact else self.min_gap / 2)
-
-    def _noise(self, row: dict, std_col) -> tuple[float, str]:
+        keys = {k: row[k] for k in ("dataset", "setting", "method") if k in row}
+        v = Val(_ref_label(ref), worst if x != x else x, keys=keys, min_test=_num(row.get("min_test")))
         if self.exact:
-            return 0.0, "exact"
-        s, seeds = _num(row.get(std_col)), _num(row.get("seeds"))
-        if s == s and (seeds != seeds or seeds >= 2):
-            return s, "std"
-        return self.min_gap / 2, "min_gap"
+            v.exact = True
+            return v
+        v.sd, v.n = self._spread(row, d, col)
+        if not self.paper:
+            seeds = _parse_seeds(row.get("repro_seeds" if col == "reproduced" else f"{col}_seeds"))
+            if seeds:
+                v.per_seed = {s: (worst if y != y else y) for s, y in seeds.items()} if self.worst else \
+                    {s: y for s, y in seeds.items() if y == y}
+                v.n = len(v.per_seed)
+        return v
+
+    def _spread(self, row: dict, ref: dict, col: str) -> tuple[float, int]:
+        """(std over seeds, seeds) of a value: its std column (the ref's or claim's `std`, else `repro_std` for
+        `reproduced`, else `<column>_std`); the paper's printed std is over `paper_seeds`."""
+        std_col = ref.get("std", self.c.get("std", "repro_std" if col == "reproduced" or self.paper else f"{col}_std"))
+        s = _num(row.get(std_col))
+        if self.paper:
+            return s, self.paper_seeds
+        n = _num(row.get("seeds"))
+        return s, (int(n) if n == n else 1)
 
     # -- cells
     def ref_columns(self) -> set:
@@ -431,6 +467,15 @@ class Evaluator:
             return []
         return sorted(set(df["dataset"].dropna().astype(str)) - set(paper_datasets))   # paper rows not run: no dataset
 
+    def methods(self) -> set[str]:
+        """The methods of the claim's selected rows."""
+        try:
+            df = _filter(self.df, self.c.get("select", {}), "select")
+        except NotRun:
+            return set()
+        return set(df["method"].dropna().astype(str)) if "method" in df.columns else set()
+
+
 
 def _describe(df: pd.DataFrame) -> str:
     parts = []
@@ -445,259 +490,8 @@ def _sweep_key(v):
     return (0, float(m.group(1)), str(v)) if m else (1, 0.0, str(v))
 
 
-# ------------------------------------------------------------------ the forms
-def _diff(ev: Evaluator, a: Val, b: Val, by: float = 0.0) -> tuple[str, str]:
-    if a.x != a.x or b.x != b.x:
-        return "fails", f"{a} vs {b}: blank"
-    q = ev.minus(a, b)
-    r = decide(q.x, q.e, ">", by)
-    rel = ">" if ev.sign > 0 else "<"
-    return r, (f"{a} {rel} {b}? gap {q.x:+.2f} vs noise {q.e:.2f}{f' + margin {by}' if by else ''}"
-               f"{_paired_text(q)}: {r}")
 
-
-def _eval_order(ev: Evaluator):
-    by = float(ev.c.get("by", 0.0))
-    per_b: dict[int, list] = {i: [] for i in range(len(_as_list(ev.c["b"])))}
-    out = []
-    for name, cell in ev.cells():
-        a = ev.value(cell, ev.c["a"])
-        bs = [ev.value(cell, b) for b in _as_list(ev.c["b"])]
-        if a is None or any(b is None for b in bs):
-            out.append((name, None, "not in this profile: " + _absent(ev, cell, [ev.c["a"], *_as_list(ev.c["b"])])))
-            continue
-        if ev.c.get("aggregate"):
-            for i, b in enumerate(bs):
-                per_b[i].append((name, ev.minus(a, b), f"{a} vs {b}"))
-            continue
-        res = [_diff(ev, a, b, by) for b in bs]
-        out.append((name, combine([r for r, _ in res], "all"), "; ".join(t for _, t in res)))
-    for items in per_b.values():   # aggregate: one decision per b on the mean (or max) difference
-        for name, q, text in _aggregate(ev, items):
-            r = decide(q.x, q.e, ">", by)
-            out.append((name, r, f"{q.label} = {q.x:+.2f} vs noise {q.e:.2f}"
-                                 f"{f' + margin {by}' if by else ''} [{text}]: {r}"))
-    return out
-
-
-def _eval_order_all(ev: Evaluator):
-    out = []
-    for name, cell in ev.cells():
-        refs = [*_as_list(ev.c["above"]), *_as_list(ev.c["below"])]
-        above = [v for v in (ev.value(cell, r) for r in _as_list(ev.c["above"])) if v is not None]
-        below = [v for v in (ev.value(cell, r) for r in _as_list(ev.c["below"])) if v is not None]
-        if not above or not below:
-            out.append((name, None, "not in this profile: " + _absent(ev, cell, refs)))
-            continue
-        res = [_diff(ev, a, b) for a in above for b in below]
-        verdict = combine([r for r, _ in res], ev.c.get("pairs", "all"))
-        shown = [t for r, t in res if r == verdict] or [t for _, t in res]   # the pairs that decided it
-        note = _absent(ev, cell, refs)
-        out.append((name, verdict, "; ".join(shown[:6]) + (f" (absent: {note})" if note else "")))
-    return out
-
-
-def _competitors(ev: Evaluator, cell: pd.DataFrame, exclude_refs: list) -> list:
-    if "among" in ev.c:
-        refs = _as_list(ev.c["among"])
-    else:
-        if "method" not in cell.columns:
-            raise NotRun("'best' without 'among' needs a method column")
-        refs = list(pd.unique(cell["method"]))
-    drop = {json.dumps(_ref(r), sort_keys=True) for r in [*exclude_refs, *_as_list(ev.c.get("exclude", []))]}
-    return [r for r in refs if json.dumps(_ref(r), sort_keys=True) not in drop]
-
-
-def _eval_best(ev: Evaluator):
-    out = []
-    for name, cell in ev.cells():
-        a_refs = _as_list(ev.c["a"])
-        a_vals = [v for v in (ev.value(cell, r) for r in a_refs) if v is not None]
-        if not a_vals:
-            out.append((name, None, "not in this profile: " + _absent(ev, cell, a_refs)))
-            continue
-        a = max(a_vals, key=lambda v: ev.sign * v.x if v.x == v.x else -math.inf)
-        comp = [v for v in (ev.value(cell, r) for r in _competitors(ev, cell, a_refs)) if v is not None]
-        if not comp:
-            out.append((name, None, "no competitor ran in this cell"))
-            continue
-        res = [_diff(ev, a, b) for b in comp]
-        verdict = combine([r for r, _ in res], "all")
-        runner = max(comp, key=lambda v: ev.sign * v.x if v.x == v.x else -math.inf)
-        against = [t for r, t in res if r == verdict] if verdict != "holds" else []   # what kept it from holding
-        text = "; ".join(against) if against else _diff(ev, a, runner)[1] + f" (runner-up of {len(comp)})"
-        out.append((name, verdict, text))
-    return out
-
-
-def _eval_trend(ev: Evaluator):
-    along = ev.c.get("along", "setting")
-    direction, steps = ev.c["direction"], ev.c.get("steps", "all")
-    out = []
-    for name, cell in ev.cells():
-        if along not in cell.columns:
-            raise NotRun(f"the table has no column {along!r} to sweep along")
-        present = list(pd.unique(cell[along]))
-        order = _as_list(ev.c["order"]) if "order" in ev.c else sorted(present, key=_sweep_key)
-        if along == "method":
-            series = [(None, {})]
-        elif "series" in ev.c:
-            series = [(r, _ref_filters(r)) for r in _as_list(ev.c["series"])]
-        else:
-            if "method" not in cell.columns:
-                series = [(None, {})]
-            else:
-                series = [(m, {"method": m}) for m in pd.unique(cell["method"])]
-        for ref, filt in series:
-            vals = []
-            for point in order:
-                sub = cell[_matches(cell[along], point)]
-                v = ev.value(sub, {**filt, along: point} if along != "method" else point) if len(sub) else None
-                if v is not None:
-                    v.label = f"{point}"
-                    vals.append(v)
-            label = " / ".join(x for x in (name if name != "all rows" else "", _ref_label(ref) if ref is not None else "") if x) or name
-            need = 3 if direction == "peak" else 2
-            if len(vals) < need:
-                out.append((label, None, f"{len(vals)} of the {len(order)} points ran ({along}: "
-                                         f"{', '.join(map(str, present))}); {direction} needs {need} points"))
-                continue
-            verdict, text = _trend(vals, direction, steps, ev.minus)
-            if len(vals) < len(order):
-                text += f" ({len(vals)} of the {len(order)} points ran)"
-            out.append((label, verdict, text))
-    return out
-
-
-def _trend(vals: list[Val], direction: str, steps: str, sub) -> tuple[str, str]:
-    """`sub(a, b, sign)` is a - b with its noise (`Evaluator.minus`: paired over seeds where it can be)."""
-    seq = " -> ".join(str(v) for v in vals)
-    def gt(a: Val, b: Val, sign: float = 1.0) -> tuple[str, Val]:
-        q = sub(a, b, sign)
-        return decide(q.x, q.e, ">", 0), q
-    if direction == "peak":
-        inner = max(vals[1:-1], key=lambda v: v.x)
-        (left, ql), (right, qr) = gt(inner, vals[0]), gt(inner, vals[-1])
-        end = max((vals[0], vals[-1]), key=lambda v: v.x)
-        if left == "holds" and right == "holds":
-            return "holds", f"{seq}: interior max {inner} above both ends{_paired_text(ql)}{_paired_text(qr)}"
-        up, qe = gt(end, inner)
-        if up == "holds":
-            return "fails", f"{seq}: end {end} above every interior point{_paired_text(qe)}"
-        return "undecided", f"{seq}: interior max {inner} not decidedly above both ends"
-    s = 1.0 if direction == "increasing" else -1.0
-    ends, qe = gt(vals[-1], vals[0], s)
-    against = [f"{a.label}->{b.label}" for a, b in zip(vals, vals[1:])
-               if gt(a, b, s)[0] == "holds"] if steps == "all" else []
-    if against:
-        return "fails", f"{seq}: step(s) decidedly against {direction}: {', '.join(against)}"
-    if ends == "fails":
-        return "fails", f"{seq}: ends decidedly against {direction}{_paired_text(qe)}"
-    return ends, f"{seq}: ends {'' if ends == 'holds' else 'not decidedly '}{direction}{_paired_text(qe)}"
-
-
-def _ratio_val(a: Val, b: Val) -> Val:
-    r = a.x / b.x if b.x else float("nan")
-    e = abs(r) * ((a.e / abs(a.x) if a.x else 0.0) + (b.e / abs(b.x) if b.x else 0.0))
-    return Val(f"{a.label}/{b.label}", r, e, a.rule if a.rule == b.rule else "mixed")
-
-
-def _aggregate(ev: Evaluator, items: list[tuple[str, Val | None, str]]):
-    """[(cell, quantity, text)] -> one item when the claim aggregates over cells."""
-    how = ev.c.get("aggregate")
-    done = [(n, q, t) for n, q, t in items if q is not None]
-    if not how or not done:
-        return items
-    if how == "max":
-        n, q, t = max(done, key=lambda it: it[1].x)
-        return [(f"max over {len(done)} cells, at {n}", q, t)]
-    k = len(done)
-    x = sum(q.x for _, q, _ in done) / k
-    e = math.sqrt(sum(q.e ** 2 for _, q, _ in done)) / k
-    return [(f"mean over {k} cells ({', '.join(n for n, _, _ in done)})", Val("mean", x, e, done[0][1].rule),
-             "; ".join(f"{n}: {q}" for n, q, _ in done))]
-
-
-def _eval_ratio(ev: Evaluator):
-    items = []
-    for name, cell in ev.cells():
-        if "value" in ev.c:
-            refs = _as_list(ev.c["value"])
-            qs = [ev.value(cell, r) for r in refs]
-        else:
-            den = ev.value(cell, ev.c["den"])
-            refs = [*_as_list(ev.c["num"]), ev.c["den"]]
-            nums = [ev.value(cell, r) for r in _as_list(ev.c["num"])]
-            qs = [None if (n is None or den is None) else _ratio_val(n, den) for n in nums]
-        for q in qs:
-            items.append((name, q, "" if q is not None else "not in this profile: " + _absent(ev, cell, refs)))
-    out = []
-    for name, q, text in _aggregate(ev, items):
-        if q is None:
-            out.append((name, None, text))
-            continue
-        if q.x != q.x:
-            out.append((name, "fails" if ev.missing_fails else None,
-                        f"{q.label} is blank (e.g. a target never reached)" + (": fails" if ev.missing_fails else "")))
-            continue
-        res = []
-        if "at_least" in ev.c:
-            res.append(decide(q.x, q.e, ">=", float(ev.c["at_least"])))
-        if "at_most" in ev.c:
-            res.append(decide(q.x, q.e, "<=", float(ev.c["at_most"])))
-        bounds = " and ".join(f"{k.replace('_', ' ')} {ev.c[k]}" for k in ("at_least", "at_most") if k in ev.c)
-        verdict = combine(res, "all")
-        out.append((name, verdict, f"{q} ({bounds}): {verdict}" + (f" [{text}]" if text and ev.c.get('aggregate') else "")))
-    return out
-
-
-def _eval_near(ev: Evaluator):
-    q_kind, tol = ev.c["quantity"], float(ev.c["tolerance"])
-    items = []
-    for name, cell in ev.cells():
-        if q_kind == "value":
-            pcol, pstd = ev.c.get("paper_column", "paper"), ev.c.get("paper_std", "paper_std")
-            if pcol not in cell.columns:
-                raise NotRun(f"the table has no paper column {pcol!r}")
-            for i in range(len(cell)):
-                row = cell.iloc[[i]]
-                label = name + (f" / {row.iloc[0]['method']}" if "method" in row.columns and len(cell) > 1 else "")
-                v = ev.value(row, {})
-                p = pd.to_numeric(row[pcol], errors="coerce").iloc[0]
-                if v is None or p != p:
-                    items.append((label, None, "no reproduced or no paper value"))
-                    continue
-                ps = pd.to_numeric(row[pstd], errors="coerce").iloc[0] if pstd in row.columns else float("nan")
-                pv = Val("paper", float(p), float(ps) if ps == ps else 0.0, "printed")
-                items.append((label, Val("reproduced-paper", v.x - pv.x, v.e + pv.e, v.rule), f"{v} vs {pv}"))
-            continue
-        a = ev.value(cell, ev.c["a"])
-        if q_kind == "margin":
-            comp = [v for v in (ev.value(cell, r) for r in _competitors(ev, cell, [ev.c["a"]])) if v is not None]
-            b = max(comp, key=lambda v: ev.sign * v.x) if comp else None
-        else:
-            b = ev.value(cell, ev.c["b"])
-        if a is None or b is None:
-            items.append((name, None, "not in this profile: " + _absent(ev, cell, [ev.c["a"], ev.c.get("b", "")])))
-            continue
-        if q_kind == "ratio":
-            q = _ratio_val(a, b)
-        else:
-            q = ev.minus(a, b)
-        items.append((name, q, f"{a} vs {b}{_paired_text(q)}"))
-    out = []
-    for name, q, text in _aggregate(ev, items):
-        if q is None:
-            out.append((name, None, text))
-            continue
-        target = 0.0 if q_kind == "value" else float(ev.c["target"])
-        d = abs(q.x - target)
-        verdict = decide(d, q.e, "<=", tol)
-        out.append((name, verdict, f"{text}: {q.label} = {_fmt(q.x)} vs {'paper' if q_kind == 'value' else _fmt(target)}"
-                                   f", off by {_fmt(d)} (tolerance {tol}, noise {_fmt(q.e)}): {verdict}"))
-    return out
-
-
+# ------------------------------------------------------------------ the forms: claim -> comparisons
 def _absent(ev: Evaluator, cell: pd.DataFrame, refs: list) -> str:
     gone = []
     for r in refs:
@@ -711,8 +505,215 @@ def _absent(ev: Evaluator, cell: pd.DataFrame, refs: list) -> str:
     return ", ".join(gone)
 
 
+def _rel(ev: Evaluator) -> str:
+    return ">" if ev.sign > 0 else "<"
+
+
+def _eval_order(ev: Evaluator) -> list[Comparison]:
+    by = float(ev.c.get("by", 0.0))
+    a_ref, out = ev.c["a"], []
+    for b_ref in _as_list(ev.c["b"]):
+        label = f"{_ref_label(a_ref)} {_rel(ev)} {_ref_label(b_ref)}" + (f" (margin {by:+g})" if by else "")
+        comp = Comparison(label, Region(">", by))
+        for name, cell in ev.cells():
+            a, b = ev.value(cell, a_ref), ev.value(cell, b_ref)
+            if a is None or b is None:
+                comp.skipped.append((name, "not in this profile: " + _absent(ev, cell, [a_ref, b_ref])))
+                continue
+            comp.add(name, [a, b], lambda v: ev.sign * (v[0] - v[1]))
+        out.append(comp)
+    return out
+
+
+def _eval_order_all(ev: Evaluator) -> list[Comparison]:
+    pick = max if ev.c.get("pairs") == "any" else min
+    comp = Comparison(f"{'some' if pick is max else 'every'} pair above {_rel(ev)} below", Region(">", 0.0))
+    refs = [*_as_list(ev.c["above"]), *_as_list(ev.c["below"])]
+    for name, cell in ev.cells():
+        above = [v for v in (ev.value(cell, r) for r in _as_list(ev.c["above"])) if v is not None]
+        below = [v for v in (ev.value(cell, r) for r in _as_list(ev.c["below"])) if v is not None]
+        if not above or not below:
+            comp.skipped.append((name, "not in this profile: " + _absent(ev, cell, refs)))
+            continue
+        na = len(above)
+        note = _absent(ev, cell, refs)
+        comp.add(name, above + below,
+                 lambda v, na=na: pick(ev.sign * (v[i] - v[j]) for i in range(na) for j in range(na, len(v))),
+                 "; ".join(str(v) for v in above + below) + (f" (absent: {note})" if note else ""))
+    return [comp]
+
+
+def _competitors(ev: Evaluator, cell: pd.DataFrame, exclude_refs: list) -> list:
+    if "among" in ev.c:
+        refs = _as_list(ev.c["among"])
+    else:
+        if "method" not in cell.columns:
+            raise NotRun("'best' without 'among' needs a method column")
+        refs = list(pd.unique(cell["method"]))
+    drop = {json.dumps(_ref(r), sort_keys=True) for r in [*exclude_refs, *_as_list(ev.c.get("exclude", []))]}
+    return [r for r in refs if json.dumps(_ref(r), sort_keys=True) not in drop]
+
+
+def _best_margin(sign: float, na: int):
+    return lambda v: max(sign * x for x in v[:na]) - max(sign * x for x in v[na:])
+
+
+def _eval_best(ev: Evaluator) -> list[Comparison]:
+    a_refs = _as_list(ev.c["a"])
+    comp = Comparison(f"{'/'.join(map(_ref_label, a_refs))} best", Region(">", 0.0))
+    for name, cell in ev.cells():
+        a_vals = [v for v in (ev.value(cell, r) for r in a_refs) if v is not None]
+        if not a_vals:
+            comp.skipped.append((name, "not in this profile: " + _absent(ev, cell, a_refs)))
+            continue
+        others = [v for v in (ev.value(cell, r) for r in _competitors(ev, cell, a_refs)) if v is not None]
+        if not others:
+            comp.skipped.append((name, "no competitor ran in this cell"))
+            continue
+        comp.add(name, a_vals + others, _best_margin(ev.sign, len(a_vals)),
+                 f"{' / '.join(map(str, a_vals))} vs {len(others)} competitor(s): "
+                 + "; ".join(str(v) for v in sorted(others, key=lambda v: -ev.sign * v.x)[:3]))
+    return [comp]
+
+
+def _series_points(ev: Evaluator, cell: pd.DataFrame, along: str, order: list, filt: dict) -> list[Val]:
+    vals = []
+    for point in order:
+        sub = cell[_matches(cell[along], point)]
+        v = ev.value(sub, {**filt, along: point} if along != "method" else point) if len(sub) else None
+        if v is not None:
+            v.label = f"{point}"
+            vals.append(v)
+    return vals
+
+
+def _eval_trend(ev: Evaluator) -> list[Comparison]:
+    along = ev.c.get("along", "setting")
+    direction, steps = ev.c["direction"], ev.c.get("steps", "all")
+    ends = Comparison(f"{direction} along {along}" + (" (ends)" if direction != "peak" else
+                                                     " (highest interior point minus the higher end)"), Region(">", 0.0))
+    guard = Comparison(f"no step against {direction}", Region(">", 0.0), guard=True)
+    s = -1.0 if direction == "decreasing" else 1.0
+    for name, cell in ev.cells():
+        if along not in cell.columns:
+            raise NotRun(f"the table has no column {along!r} to sweep along")
+        present = list(pd.unique(cell[along]))
+        order = _as_list(ev.c["order"]) if "order" in ev.c else sorted(present, key=_sweep_key)
+        if along == "method" or ("series" not in ev.c and "method" not in cell.columns):
+            series = [(None, {})]
+        elif "series" in ev.c:
+            series = [(r, _ref_filters(r)) for r in _as_list(ev.c["series"])]
+        else:
+            series = [(m, {"method": m}) for m in pd.unique(cell["method"])]
+        for ref, filt in series:
+            vals = _series_points(ev, cell, along, order, filt)
+            label = " / ".join(x for x in (name if name != "all rows" else "",
+                                           _ref_label(ref) if ref is not None else "") if x) or name
+            need = 3 if direction == "peak" else 2
+            if len(vals) < need:
+                ends.skipped.append((label, f"{len(vals)} of the {len(order)} points ran ({along}: "
+                                            f"{', '.join(map(str, present))}); {direction} needs {need} points"))
+                continue
+            seq = " -> ".join(str(v) for v in vals)
+            if direction == "peak":
+                i = 1 + int(np.argmax([v.x for v in vals[1:-1]]))
+                ends.add(label, vals, lambda v, i=i: min(v[i] - v[0], v[i] - v[-1]), seq)
+                continue
+            ends.add(label, [vals[0], vals[-1]], lambda v: s * (v[1] - v[0]), seq)
+            if steps == "all":
+                for a, b in zip(vals, vals[1:]):
+                    guard.add(f"{label}: {a.label}->{b.label}", [a, b], lambda v: s * (v[1] - v[0]))
+    return [ends, guard] if guard.cells else [ends]
+
+
+def _ratio_region(c: dict) -> Region:
+    if "at_least" in c and "at_most" in c:
+        return Region("band", lo=float(c["at_least"]), hi=float(c["at_most"]))
+    return Region(">=", float(c["at_least"])) if "at_least" in c else Region("<=", float(c["at_most"]))
+
+
+def _ratio(v):
+    return v[0] / v[1] if v[1] else float("nan")
+
+
+def _eval_ratio(ev: Evaluator) -> list[Comparison]:
+    region = _ratio_region(ev.c)
+    if "value" in ev.c:
+        pairs = [(r, None) for r in _as_list(ev.c["value"])]
+    else:
+        pairs = [(r, ev.c["den"]) for r in _as_list(ev.c["num"])]
+    out = []
+    for num, den in pairs:
+        comp = Comparison(_ref_label(num) + (f" / {_ref_label(den)}" if den is not None else ""), region)
+        for name, cell in ev.cells():
+            vals = [ev.value(cell, num)] + ([ev.value(cell, den)] if den is not None else [])
+            if any(v is None for v in vals):
+                comp.skipped.append((name, "not in this profile: " + _absent(ev, cell, [num] + ([den] if den else []))))
+                continue
+            comp.add(name, vals, (lambda v: v[0]) if den is None else _ratio)
+        out.append(comp)
+    return out
+
+
+def _near_region(q_kind: str, target: float, tol: float) -> Region:
+    null = {"diff": 0.0, "margin": 0.0, "ratio": 1.0}.get(q_kind)
+    if null is not None and target == null:
+        null = None
+    return Region("band", lo=target - tol, hi=target + tol, null=null,
+                  above=None if null is None else target > null)
+
+
+def _eval_near(ev: Evaluator) -> list[Comparison]:
+    q_kind, tol = ev.c["quantity"], float(ev.c["tolerance"])
+    if q_kind == "value":
+        return [_near_value(ev, tol)]
+    comp = Comparison(f"{q_kind} near {ev.c['target']}", _near_region(q_kind, float(ev.c["target"]), tol))
+    for name, cell in ev.cells():
+        a = ev.value(cell, ev.c["a"])
+        if q_kind == "margin":
+            bs = [v for v in (ev.value(cell, r) for r in _competitors(ev, cell, [ev.c["a"]])) if v is not None]
+        else:
+            bs = [b] if (b := ev.value(cell, ev.c["b"])) is not None else []
+        if a is None or not bs:
+            comp.skipped.append((name, "not in this profile: " + _absent(ev, cell, [ev.c["a"], ev.c.get("b", "")])))
+            continue
+        f = _ratio if q_kind == "ratio" else _best_margin(ev.sign, 1)
+        comp.add(name, [a, *bs], f)
+    return [comp]
+
+
+def _near_value(ev: Evaluator, tol: float) -> Comparison:
+    pcol = ev.c.get("paper_column", "paper")
+    comp = Comparison("reproduced - paper", Region("band", lo=-tol, hi=tol))
+    for name, cell in ev.cells():
+        if pcol not in cell.columns:
+            raise NotRun(f"the table has no paper column {pcol!r}")
+        for i in range(len(cell)):
+            row = cell.iloc[[i]]
+            label = name + (f" / {row.iloc[0]['method']}" if "method" in row.columns and len(cell) > 1 else "")
+            v = ev.value(row, {})
+            p = _num(row[pcol].iloc[0])
+            if v is None or p != p:
+                comp.skipped.append((label, "no reproduced or no paper value"))
+                continue
+            comp.add(label, [v], lambda x, p=p: x[0] - p, f"{v} vs paper {_fmt(p)}")
+    return comp
+
+
 EVALUATORS = {"order": _eval_order, "order_all": _eval_order_all, "best": _eval_best, "trend": _eval_trend,
               "ratio": _eval_ratio, "near": _eval_near}
+
+
+def _aggregated(ev: Evaluator, comps: list[Comparison]) -> list[Comparison]:
+    """`aggregate: max`: each comparison decided on its cell with the largest effect alone."""
+    if ev.c.get("aggregate") != "max":
+        return comps
+    for comp in comps:
+        if comp.cells and not comp.guard:
+            top = max(comp.cells, key=lambda s: s.point if s.point == s.point else -math.inf)
+            comp.skipped += [(s.name, "not the largest effect (aggregate: max)") for s in comp.cells if s is not top]
+            comp.cells = [top]
+    return comps
 
 
 # ------------------------------------------------------------------ one claim, all claims
@@ -770,57 +771,213 @@ def paper_view_table(claim: dict) -> pd.DataFrame:
     return _filter(df, (view or {}).get("select", {}), "paper_view select")
 
 
+def _table(claim: dict, results, source: str, row: dict) -> pd.DataFrame:
+    if source == "paper":
+        row["profile"] = "paper numbers"
+        return paper_view_table(claim)
+    stage, stem = claim["where"]["stage"], claim["where"].get("table", "table")
+    root = Path(results) if results is not None else _results_root()
+    path = root / stage / f"{stem}.csv"
+    if not path.exists():
+        raise NotRun(f"no {stage}/{stem}.csv under {root}")
+    row["profile"] = _profile(path.parent)
+    if claim.get("profiles") and row["profile"] not in claim["profiles"]:
+        raise NotRun(f"the claim needs profile {' or '.join(claim['profiles'])}; this output is profile {row['profile']}")
+    return pd.read_csv(path)
+
+
+def _quantifier(claim: dict) -> str:
+    return "most" if claim.get("aggregate") == "mean" else claim.get("quantifier", "all")
+
+
+def _paper_point_verdict(comp: Comparison, d: verdicts.Decision, quantifier: str) -> None:
+    """The paper's printed numbers without a printed spread: the claim read on the point values alone (the
+    quantifier as in verdicts.decide: `all` needs every cell's value on the claimed side)."""
+    if d.ci is not None or d.point != d.point:
+        return
+    if comp.guard:
+        d.verdict = "holds"
+        return
+    d.method, d.why = "point values (no spread printed)", ""
+    pooled = comp.region.side(d.point, d.point)
+    sides = [comp.region.side(s.point, s.point) for s in comp.cells]
+    if quantifier == "any":
+        d.verdict = "holds" if "in" in sides else ("fails" if all(x == "out" for x in sides) else "inconclusive")
+    elif quantifier == "most" or pooled != "in":
+        d.verdict = {"in": "holds", "out": "fails"}.get(pooled, "inconclusive")
+    else:
+        d.verdict = "holds" if all(x == "in" for x in sides) else "inconclusive"
+
+
+def _absent_competitors(claim: dict, ev: Evaluator) -> list[str]:
+    """A `best` claim's competitors that the paper's table (or `among`) has and that did not run here."""
+    if claim["form"] != "best":
+        return []
+    skip = {_ref_label(r) for r in [*_as_list(claim["a"]), *_as_list(claim.get("exclude", []))]}
+    if "among" in claim:
+        wanted = {_ref_label(r) for r in _as_list(claim["among"]) if isinstance(r, str)}
+    else:
+        try:
+            df = paper_view_table(claim)
+        except (NotRun, OSError, ValueError):
+            return []
+        wanted = set(df["method"].dropna().astype(str)) if "method" in df.columns else set()
+    return sorted(wanted - skip - ev.methods())
+
+
+def _evidence(comps: list[Comparison], decisions: list[verdicts.Decision], max_cells: int = 8) -> str:
+    parts = []
+    for c, d in zip(comps, decisions):
+        if c.guard:
+            if d.cells_against:
+                parts.append(f"{c.label}: decidedly against at {', '.join(d.cells_against)}")
+            continue
+        head = f"{c.label}: effect {d.interval_text()} vs {c.region}"
+        head += f" ({d.method})" if d.method else ""
+        head += f": {d.verdict}" + (f" ({d.why})" if d.why else "")
+        if d.cells_against:
+            head += f"; cells against: {', '.join(d.cells_against)}"
+        if d.left_out:
+            head += f"; left out (fewer than {verdicts.MIN_SEEDS} seeds): {', '.join(d.left_out)}"
+        cells = "; ".join(f"{s.name}: {s.text}" for s in c.cells[:max_cells])
+        more = f" (+{len(c.cells) - max_cells} cells)" if len(c.cells) > max_cells else ""
+        parts.append(f"{head} [{cells}{more}]")
+        if c.skipped:
+            parts.append("not run: " + "; ".join(f"{n} ({t})" for n, t in c.skipped[:max_cells]))
+    return " | ".join(parts)
+
+
+def _decide(claim: dict, comps: list[Comparison], paper_points: dict | None, source: str) -> list[verdicts.Decision]:
+    out = []
+    for c in comps:
+        pe = (paper_points or {}).get(c.label)
+        d = verdicts.decide(c.cells, c.region, _quantifier(claim), pe, guard=c.guard)
+        if source == "paper":
+            d.left_out = []
+            if d.ci is not None and d.verdict in ("inconclusive", "underpowered"):
+                d.verdict = "inconclusive"
+                d.why = "; ".join(x for x in (d.why.split(";")[0] if "estimate" in d.why else "",
+                                              "the printed spread straddles") if x)
+            _paper_point_verdict(c, d, _quantifier(claim))
+        out.append(d)
+    return out
+
+
 def evaluate(claim: dict, results: Path | str | None = None, doc: dict | None = None,
              source: str = "results") -> dict:
-    """One claim -> {paper, id, stage, table, form, quote, verdict, evidence, cells, profile, stand_in}."""
+    """One claim -> {paper, id, stage, table, form, quote, verdict, effect, ci, interval, seeds, mde, paper_effect,
+    paper_verdict, absent, min_test, uses, evidence, cells, profile, stand_in, ...} (module docstring)."""
     doc = doc or {}
-    where = claim["where"]
-    stage, stem = where["stage"], where.get("table", "table")
+    stage, stem = claim["where"]["stage"], claim["where"].get("table", "table")
     row = {"paper": doc.get("paper", ""), "id": claim["id"], "stage": stage, "table": stem,
            "form": claim["form"], "quote": claim["quote"], "verdict": "not run", "evidence": "",
            "cells": [], "profile": None, "stand_in": [], "paper_inconsistent": claim.get("paper_inconsistent", ""),
-           "note": claim.get("note", "")}
+           "note": claim.get("note", ""), "by_design": claim.get("by_design", ""),
+           "headline": bool(claim.get("headline", False)), "effect": None, "ci": None, "interval": "",
+           "method": "", "seeds": 0, "mde": None, "points": {}, "absent": [], "min_test": None, "uses": [],
+           "paper_effect": None, "paper_interval": "", "paper_verdict": ""}
+    if source != "paper":
+        paper = evaluate(claim, None, doc, source="paper")
+        row.update(paper_effect=paper["effect"], paper_interval=paper["interval"] or paper["evidence"][:200],
+                   paper_verdict=paper["verdict"])
     try:
-        if source == "paper":
-            row["profile"] = "paper numbers"
-            table = paper_view_table(claim)
-        else:
-            root = Path(results) if results is not None else _results_root()
-            path = root / stage / f"{stem}.csv"
-            if not path.exists():
-                raise NotRun(f"no {stage}/{stem}.csv under {root}")
-            row["profile"] = _profile(path.parent)
-            if claim.get("profiles") and row["profile"] not in claim["profiles"]:
-                raise NotRun(f"the claim needs profile {' or '.join(claim['profiles'])}; "
-                             f"this output is profile {row['profile']}")
-            table = pd.read_csv(path)
-        ev = Evaluator(claim, table, float(doc.get("min_gap", DEFAULT_MIN_GAP)))
-        results_ = EVALUATORS[claim["form"]](ev)
-        done = [(n, v, t) for n, v, t in results_ if v is not None]
-        skipped = [(n, t) for n, v, t in results_ if v is None]
-        if not done:
-            raise NotRun("; ".join(f"{n}: {t}" for n, t in skipped) or "nothing to evaluate")
-        row["verdict"] = combine([v for _, v, _ in done], claim.get("quantifier", "all"))
-        row["cells"] = [{"cell": n, "verdict": v, "numbers": t} for n, v, t in done]
-        row["evidence"] = " | ".join(f"{n}: {t}" for n, _, t in done)
-        if skipped:
-            row["evidence"] += " | not run: " + "; ".join(f"{n} ({t})" for n, t in skipped)
+        ev = Evaluator(claim, _table(claim, results, source, row), paper=source == "paper",
+                       paper_seeds=doc.get("paper_seeds", DEFAULT_PAPER_SEEDS))
+        comps = _aggregated(ev, EVALUATORS[claim["form"]](ev))
+        if not any(c.cells for c in comps if not c.guard):
+            raise NotRun("; ".join(f"{n}: {t}" for c in comps for n, t in c.skipped) or "nothing to evaluate")
+        comps = [c for c in comps if c.cells]
+        decisions = _decide(claim, comps, None if source == "paper" else paper["points"], source)
+        verdict = verdicts.combine([d.verdict for d in decisions])
+        main, d = next((c, d) for c, d in zip(comps, decisions) if not c.guard)
+        row.update(effect=d.point, ci=d.ci, interval=d.interval_text(), method=d.method, seeds=d.seeds, mde=d.mde,
+                   points={c.label: x.point for c, x in zip(comps, decisions)}, evidence=_evidence(comps, decisions))
+        row["cells"] = [{"cell": s.name, "effect": s.point, "seeds": s.n, "numbers": s.text} for s in main.cells]
+        used = [v for c in comps for v in c.used]
+        row["uses"] = sorted({json.dumps({k: str(x) for k, x in v.keys.items()}, sort_keys=True) for v in used if v.keys})
+        tests = [v.min_test for v in used if v.min_test == v.min_test]
+        row["min_test"] = int(min(tests)) if tests else None
         if source != "paper":
             row["stand_in"] = ev.stand_in(claim.get("paper_datasets", doc.get("paper_datasets")))
+            row["absent"] = _absent_competitors(claim, ev)
+            if verdict == "holds" and row["absent"]:
+                verdict = "partial"
+            if claim.get("by_design"):
+                verdict = "by design"
+        row["verdict"] = verdict
     except NotRun as e:
         row["verdict"], row["evidence"] = "not run", str(e)
     return row
 
 
 def check(results: Path | str | None = None, paper: str | None = None, source: str = "results") -> list[dict]:
-    """Every claim of every paper (or one paper) on a results directory, or on the paper's own numbers."""
+    """Every claim of every paper (or one paper) on a results directory, or on the paper's own numbers; each row
+    with its independence group (claims that read the same runs share one: `independence`)."""
     rows = []
     for path in claims_files():
         doc = load(path)
         if paper and doc["paper"] != paper:
             continue
         rows += [evaluate(c, results, doc, source) for c in doc["claims"]]
+    groups = independence(rows, Path(results) if results is not None else _results_root())
+    for r in rows:
+        r["group"] = groups.get((r["paper"], r["id"]), "")
     return rows
+
+
+def _stage_runs(results_root: Path, stage: str) -> pd.DataFrame | None:
+    path = results_root / stage / "runs.csv"
+    try:
+        return pd.read_csv(path, keep_default_na=False) if path.exists() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _runs_of(row: dict, results_root: Path) -> set[str]:
+    """The runs a claim read: its values' (dataset, setting, method) keys matched in its stage's runs.csv; where
+    that cannot be matched, the stage's table itself stands for them."""
+    runs = _stage_runs(results_root, row["stage"])
+    out = set()
+    for key in row["uses"]:
+        k = json.loads(key)
+        hit = None
+        if runs is not None and "run" in runs.columns:
+            m = np.ones(len(runs), dtype=bool)
+            for col, val in k.items():
+                if col in runs.columns:
+                    m &= runs[col].astype(str).to_numpy() == val
+            hit = set(runs.loc[m, "run"].astype(str)) if m.any() else None
+        out |= hit if hit else {f"{row['stage']}/{row['table']}:{key}"}
+    return out
+
+
+def independence(rows: list[dict], results_root: Path) -> dict:
+    """(paper, id) -> group label: claims that read any run in common are one group (union-find); a group is named
+    after its first claim. The summary counts groups, not claims, as independent tests."""
+    parent: dict = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    owner: dict = {}
+    for r in rows:
+        if r["verdict"] == "not run":
+            continue
+        me = (r["paper"], r["id"])
+        find(me)
+        for run in _runs_of(r, results_root):
+            if run in owner:
+                parent[find(me)] = find(owner[run])
+            else:
+                owner[run] = me
+    first = {}
+    for r in rows:
+        me = (r["paper"], r["id"])
+        if me in parent:
+            first.setdefault(find(me), r["id"])
+    return {me: first[find(me)] for me in parent}
 
 
 # ------------------------------------------------------------------ output
@@ -831,17 +988,63 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def independent_tests(rows: list[dict]) -> int:
+    """How many independence groups decided something (holds, partial or fails): claims read from the same runs
+    count once."""
+    return len({(r["paper"], r.get("group") or r["id"]) for r in rows if r["verdict"] in verdicts.DECIDED})
+
+
+def headline(rows: list[dict]) -> str:
+    """The paper's headline claims (abstract and main 'best' claims) in one line: 'holds 1, fails 2 of 3 (ids)'."""
+    top = [r for r in rows if r.get("headline")]
+    if not top:
+        return "no headline claim marked"
+    counts = {v: sum(r["verdict"] == v for r in top) for v in VERDICTS}
+    return ", ".join(f"{n} {v}" for v, n in counts.items() if n) + f" of {len(top)} (" + \
+        ", ".join(f"{r['id']}: {r['verdict']}" for r in top) + ")"
+
+
+def paper_text(r: dict) -> str:
+    """The claim on the paper's own printed numbers: its effect and verdict there."""
+    if not r.get("paper_verdict"):
+        return ""
+    if r["paper_verdict"] == "not run":
+        return "not checkable on the printed numbers"
+    return f"{r['paper_interval'] or _fmt(r['paper_effect'])}: {r['paper_verdict']}"
+
+
+def _flags(r: dict) -> list[str]:
+    out = []
+    if r.get("absent"):
+        out.append(f"absent: {', '.join(r['absent'])}")
+    if r.get("min_test") is not None and r["min_test"] < SMALL_TEST:
+        out.append(f"smallest client test set {r['min_test']} images")
+    if r.get("stand_in"):
+        out.append(f"on {'/'.join(r['stand_in'])} (a stand-in for the paper's datasets)")
+    if r.get("by_design"):
+        out.append(f"by design: {r['by_design']}")
+    if r.get("group") and r["group"] != r["id"]:
+        out.append(f"same runs as {r['group']}")
+    return out
+
+
 def format_text(rows: list[dict]) -> str:
-    mark = {"holds": "[x]", "fails": "[!]", "undecided": "[?]", "not run": "[ ]"}
+    mark = {"holds": "[x]", "partial": "[~]", "fails": "[!]", "inconclusive": "[?]", "underpowered": "[.]",
+            "by design": "[=]", "not run": "[ ]"}
     lines = []
     for paper, counts in summary(rows).items():
-        lines.append(f"{paper}: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
-        for r in (r for r in rows if r["paper"] == paper):
+        mine = [r for r in rows if r["paper"] == paper]
+        lines.append(f"{paper}: " + ", ".join(f"{n} {v}" for v, n in counts.items())
+                     + f"; independent tests decided: {independent_tests(mine)}")
+        lines.append(f"  headline: {headline(mine)}")
+        for r in mine:
             extra = f", profile {r['profile']}" if r["profile"] else ""
-            if r["stand_in"]:
-                extra += f", on {'/'.join(r['stand_in'])} (a stand-in for the paper's datasets)"
-            lines.append(f"  {mark[r['verdict']]} {r['verdict']:<9} {r['id']} ({r['stage']}{extra})")
+            lines.append(f"  {mark[r['verdict']]} {r['verdict']:<12} {r['id']} ({r['stage']}{extra})")
             lines.append(f"      \"{r['quote']}\"")
+            if r.get("interval"):
+                lines.append(f"      effect {r['interval']}" + (f"; paper's numbers: {paper_text(r)}" if paper_text(r) else ""))
+            for f in _flags(r):
+                lines.append(f"      {f}")
             lines.append(f"      {r['evidence']}")
             if r["paper_inconsistent"]:
                 lines.append(f"      paper's own numbers: {r['paper_inconsistent']}")
@@ -850,18 +1053,23 @@ def format_text(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def esc(s) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
 def to_markdown(rows: list[dict]) -> str:
     """The checklist as a markdown table per paper (for the report stage)."""
-    def esc(s):
-        return str(s).replace("|", "\\|").replace("\n", " ")
     out = []
     for paper, counts in summary(rows).items():
-        out.append(f"### {paper}: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "\n")
-        out.append("| verdict | claim | quote | evidence |\n|---|---|---|---|")
-        for r in (r for r in rows if r["paper"] == paper):
-            where = f"{r['id']}<br>`{r['stage']}`" + (f"<br>stand-in: {'/'.join(r['stand_in'])}" if r["stand_in"] else "")
+        mine = [r for r in rows if r["paper"] == paper]
+        out.append(f"### {paper}: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + "\n")
+        out.append(f"Headline: {headline(mine)}. Independent tests decided: {independent_tests(mine)}.\n")
+        out.append("| verdict | claim | quote | effect [95 % CI] | paper's numbers | evidence |\n|---|---|---|---|---|---|")
+        for r in mine:
+            where = f"{r['id']}<br>`{r['stage']}`" + "".join(f"<br>{f}" for f in _flags(r))
             ev = r["evidence"] + (f" — paper's own numbers: {r['paper_inconsistent']}" if r["paper_inconsistent"] else "")
-            out.append(f"| {r['verdict']} | {esc(where)} | {esc(r['quote'])} | {esc(ev)} |")
+            out.append(f"| {r['verdict']} | {esc(where)} | {esc(r['quote'])} | {esc(r.get('interval', ''))} | "
+                       f"{esc(paper_text(r))} | {esc(ev)} |")
         out.append("")
     return "\n".join(out)
 
@@ -890,7 +1098,7 @@ def run_cli(a) -> int:
         print(f"no claims for paper {a.paper!r}; files: {', '.join(p.name for p in claims_files())}")
         return 2
     if a.format == "json":
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows, indent=1, default=str))
     elif a.format == "markdown":
         print(to_markdown(rows))
     else:

@@ -9,12 +9,14 @@ notebook run with its own `out_dir`), plus the claims checker's verdicts on the 
                results/report/: ../../figures/<stage>/<x>.png), so they show where the figures are.
 - report.html  the same page, self-contained: every figure embedded as a base64 PNG data URI; links to
                local files (the executed notebooks) are shown as plain text, so nothing points outside.
-- summary.csv, summary.md   per paper and profile: stages, claims holding / failing / undecided / not
-               run, and the compute (wall seconds of the distinct runs used).
+- summary.csv, summary.md   per paper and profile: stages, claims by verdict (holds / partial / fails /
+               inconclusive / underpowered / by design / not run), independent tests decided, the headline claims,
+               and the compute (wall seconds of the distinct runs used).
 
 Per paper: each stage's title and tables (the reproduced value beside the printed one and the difference,
 exactly as the notebook wrote them), figures, profile, provenance (commits, versions, seeds, devices) and
-compute, then the paper's claims with their verdicts and the numbers that decided them. A stage named in
+compute, the forking-path log (paper_numbers/forking_paths.yaml), then the paper's claims with their verdicts, effects
+and intervals, the same effects on the paper's own numbers, and the numbers that decided them. A stage named in
 dvc.yaml, a claims file or its `planned_stages` without outputs is listed as "not reproduced yet".
 Nothing here trains, imports torch, or changes a number.
 """
@@ -237,7 +239,8 @@ def summarize(papers: dict[str, list[Stage]], rows: list[dict], docs: dict[str, 
             note = (docs[paper].get("scale_notes") or {}).get(prof, "") if paper in docs else "no claims file yet"
             flagged = flagged_by_run(sts)
             out.append({"paper": paper, "title": PAPERS.get(paper, paper), "profile": prof, "stages": len(sts),
-                        **_counts(mine), "claims": len(mine),
+                        **_counts(mine), "claims": len(mine), "independent": claims.independent_tests(mine),
+                        "headline": claims.headline(mine) if any(r.get("headline") for r in mine) else "",
                         "compute_s": round(_distinct_wall(sts), 1) if prof != NOT_REPRODUCED else None,
                         "flagged": None if flagged is None else len(flagged),
                         "note": note})
@@ -262,11 +265,18 @@ def _md_table(header: list[str], rows: list[list]) -> str:
 
 
 def summary_markdown(summary: list[dict], link: bool = True) -> str:
-    head = ["paper", "profile", "stages", *claims.VERDICTS, "compute", "runs flagged", "note"]
+    head = ["paper", "profile", "stages", *claims.VERDICTS, "independent tests decided", "compute", "runs flagged",
+            "note"]
     rows = [[f"[{s['title']}](#paper-{s['paper']})" if link else s["title"], s["profile"], s["stages"],
-             *(s[v] for v in claims.VERDICTS), _duration(s["compute_s"]),
+             *(s[v] for v in claims.VERDICTS), s.get("independent", "—"), _duration(s["compute_s"]),
              "—" if s.get("flagged") is None else s["flagged"], s["note"]] for s in summary]
     return _md_table(head, rows)
+
+
+def headline_markdown(summary: list[dict]) -> str:
+    """One line per paper: its headline claims (abstract and main 'best' claims), apart from the secondary ones."""
+    lines = [f"- **{s['title']}** ({s['profile']}): {s['headline']}" for s in summary if s.get("headline")]
+    return ("**Headline claims** (each paper's abstract and main 'best' claims):\n\n" + "\n".join(lines) + "\n") if lines else ""
 
 
 def _demote(md: str) -> str:
@@ -350,17 +360,44 @@ def _count_text(c: dict) -> str:
 
 
 def claims_markdown(rows: list[dict]) -> str:
-    """The paper's checklist: verdict, claim (id, stage, profile), the quoted sentence, the numbers."""
-    out = [f"### Claims checklist: {_count_text(_counts(rows))}\n"]
+    """The paper's checklist, headline claims first: verdict, claim (id, stage, profile, flags), the quoted
+    sentence, the reproduced effect with its interval, the same effect and verdict on the paper's own numbers,
+    and the numbers that decided it."""
+    out = [f"### Claims checklist: {_count_text(_counts(rows))}; independent tests decided: "
+           f"{claims.independent_tests(rows)}\n"]
     table = []
-    for r in rows:
-        where = f"{r['id']}<br>`{r['stage']}`" + (f"<br>profile {r['profile']}" if r["profile"] else "") + \
-            (f"<br>stand-in: {'/'.join(r['stand_in'])}" if r["stand_in"] else "")
+    for r in sorted(rows, key=lambda r: not r.get("headline")):
+        where = f"{'**headline** ' if r.get('headline') else ''}{r['id']}<br>`{r['stage']}`" + \
+            (f"<br>profile {r['profile']}" if r["profile"] else "") + "".join(f"<br>{f}" for f in claims._flags(r))
         ev = r["evidence"] + (f" — paper's own numbers: {r['paper_inconsistent']}" if r["paper_inconsistent"] else "") \
             + (f" — note: {r['note']}" if r["note"] else "")
-        table.append([r["verdict"], where, r["quote"], ev])
-    out.append(_md_table(["verdict", "claim", "quote", "numbers that decided it"], table))
+        table.append([r["verdict"], where, r["quote"], r.get("interval", ""), claims.paper_text(r), ev])
+    out.append(_md_table(["verdict", "claim", "quote", "effect [95 % CI]", "on the paper's numbers",
+                          "numbers that decided it"], table))
     return "\n".join(out)
+
+
+FORKING_PATHS = claims.CLAIMS_DIR / "forking_paths.yaml"
+
+
+def forking_paths(paper: str) -> list[dict]:
+    """The paper's entries of the forking-path log (`paper_numbers/forking_paths.yaml`): mini settings chosen or
+    changed after results were seen."""
+    if not FORKING_PATHS.exists():
+        return []
+    doc = yaml.safe_load(FORKING_PATHS.read_text()) or []
+    entries = doc.get("entries", []) if isinstance(doc, dict) else doc
+    return [e for e in entries if isinstance(e, dict) and e.get("paper") == paper]
+
+
+def forking_markdown(paper: str) -> str:
+    entries = forking_paths(paper)
+    if not entries:
+        return ""
+    cols = ("date", "setting", "before", "after", "seen", "reason", "verdicts_before", "verdicts_after")
+    return (f"**Forking paths** ({len(entries)}: settings of this paper's profiles chosen or changed after results "
+            "were seen; `paper_numbers/forking_paths.yaml`):\n\n"
+            + _md_table([c.replace("_", " ") for c in cols], [[e.get(c, "") for c in cols] for e in entries]))
 
 
 def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: Path,
@@ -372,7 +409,10 @@ def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: P
         return "\n".join(parts + [f"**{NOT_REPRODUCED.capitalize()}:** no notebook stage and no claims file yet.\n"])
     parts += [
              f"{len(done)} of {len(stages)} stages reproduced; compute {_duration(_distinct_wall(done) if done else None)} "
-             f"(distinct runs); claims: {_count_text(_counts(rows)) if rows else 'no claims file yet'}.\n"]
+             f"(distinct runs); claims: {_count_text(_counts(rows)) if rows else 'no claims file yet'}"
+             f"{f'; independent tests decided: {claims.independent_tests(rows)}' if rows else ''}.\n"]
+    if any(r.get("headline") for r in rows):
+        parts.append(f"**Headline claims:** {claims.headline(rows)}.\n")
     parts += [f"**Scale ({prof}):** {text}\n" for prof, text in (scale_notes or {}).items()
               if prof in {st.profile for st in done}]
     if done:
@@ -382,6 +422,7 @@ def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: P
                                 for st in done]))
     parts.append(f"**{NOT_REPRODUCED.capitalize()}:** " + (", ".join(f"`{m}`" for m in missing) or "none") + "\n")
     parts.append(health_markdown(done))
+    parts.append(forking_markdown(paper))
     parts += [stage_markdown(st, out_dir, [r for r in rows if r["stage"] == st.name]) for st in done]
     if rows:
         parts.append(claims_markdown(rows))
@@ -402,12 +443,23 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
              f"Generated {now} by `python -m pflrepro report` (code at {_git_now()}) from `{results_root}`.\n",
              "## Summary\n",
              "Claims are the papers' own sentences about their results, checked on the reproduced tables "
-             "(`pflrepro/reporting/claims.py`): **holds**, **fails**, **undecided** (the difference is inside the noise: "
-             "the seeds' spread, or for one seed the claim's minimum gap) or **not run** (its table, profile, "
-             "cells or methods are not in the outputs). A profile other than `paper` runs smaller settings on "
-             "offline stand-in data: its verdicts speak about trends there, not about the paper's numbers. "
-             "Compute: the wall time of the distinct runs the outputs used.\n",
+             "(`pflrepro/reporting/claims.py`, the statistics in `verdicts.py`). Each claim's effect (a difference, "
+             "a margin over the best competitor, a ratio, the ends of a series) is computed per seed, paired where "
+             "the methods share a seed's partition, pooled over the cells the claim spans, with a 95 % interval by a "
+             "stratified bootstrap over seeds (`scipy.stats.bootstrap`; with 3 seeds that interval is the seeds' "
+             "range: every seed must agree). **holds**: the interval lies on the claimed side (a magnitude: and "
+             "is consistent with it); **partial**: holds, but some of the paper's competitors did not run; **fails**: "
+             "the interval lies on the other side, or one cell is decidedly against an 'all' claim (Bonferroni); "
+             "**inconclusive**: it straddles although this profile could have detected the paper's own effect; "
+             "**underpowered**: it straddles and the minimum detectable effect (paired t, 80 % power) exceeds the "
+             "paper's effect, or there is no interval (fewer than 3 seeds: no verdict from an assumed noise); "
+             "**by design**: a quantity fixed by construction (exact byte counts, the simulated clock), shown and "
+             "never counted as support; **not run**. *Independent tests*: claims read from the same runs count once. "
+             "A profile other than `paper` runs smaller settings on offline stand-in data: its verdicts speak about "
+             "trends there, not about the paper's numbers. Compute: the wall time of the distinct runs the outputs "
+             "used.\n",
              summary_markdown(summary),
+             headline_markdown(summary),
              "Against independent implementations: baselines the papers share were trained beside PFLlib's own code "
              "on one identical setting and three paired seeds (`scripts/crosscheck/pfllib.py`, which lists them; the "
              "table and what it can resolve: docs/evidence.md, \"Eight baselines against PFLlib\" and the methods "
@@ -431,7 +483,8 @@ CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;
 table{border-collapse:collapse;font-size:13px;margin:.6em 0}th,td{border:1px solid #ccc;padding:3px 6px;vertical-align:top}
 th{background:#f3f3f3}.tw{overflow-x:auto}img{max-width:100%;border:1px solid #eee;margin:.4em 0}
 blockquote{color:#555;border-left:3px solid #ccc;margin:.5em 0;padding-left:.8em}code{background:#f5f5f5;padding:0 3px}
-td.v-holds{background:#d9f2d9}td.v-fails{background:#f8d4d4}td.v-undecided{background:#fdf2c8}td.v-not-run{color:#777}
+td.v-holds{background:#d9f2d9}td.v-partial{background:#e8f5d0}td.v-fails{background:#f8d4d4}
+td.v-inconclusive{background:#fdf2c8}td.v-underpowered{background:#eeeeee}td.v-by-design{color:#555;font-style:italic}td.v-not-run{color:#777}
 h2{border-bottom:2px solid #ddd;margin-top:2em}h3{margin-top:1.6em}details{margin:.5em 0}.path{font-family:monospace}"""
 
 
@@ -457,7 +510,7 @@ def to_html(md: str, base: Path, title: str = "Reproduction report") -> str:
         return tag[:src.start()] + f' src="{uri}"' + tag[src.end():]
     body = re.sub(r"<img\b[^>]*>", embed, body)
     body = re.sub(r'<a href="(?!#)[^"]*"[^>]*>(.*?)</a>', r'<span class="path">\1</span>', body, flags=re.S)
-    body = re.sub(r"<td>(holds|fails|undecided|not run)</td>",
+    body = re.sub(r"<td>(holds|partial|fails|inconclusive|underpowered|by design|not run)</td>",
                   lambda m: f'<td class="v-{m.group(1).replace(" ", "-")}">{m.group(1)}</td>', body)
     body = body.replace("<table>", '<div class="tw"><table>').replace("</table>", "</table></div>")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
@@ -503,7 +556,7 @@ def readme_with_summary(readme: str, summary: list[dict], stamp: str) -> str:
 
 def verdict_metrics(summary: list[dict]) -> dict:
     """The summary as a small DVC metrics file: per paper (and profile, where a paper's outputs have several), how
-    many of its claims hold, fail, are undecided or not run, and how many runs run health flagged."""
+    many of its claims have each verdict, the independent tests decided, and how many runs run health flagged."""
     out: dict = {}
     for row in summary:
         if row["profile"] == NOT_REPRODUCED and not row["claims"]:
@@ -511,7 +564,8 @@ def verdict_metrics(summary: list[dict]) -> dict:
         several = sum(r["paper"] == row["paper"] and r["profile"] != NOT_REPRODUCED for r in summary) > 1
         key = f"{row['paper']} ({row['profile']})" if several or row["profile"] == NOT_REPRODUCED else row["paper"]
         out[key] = {"profile": row["profile"], **{v.replace(" ", "_"): row[v] for v in claims.VERDICTS},
-                    "claims": row["claims"], "runs_flagged": row["flagged"]}
+                    "claims": row["claims"], "independent_tests": row.get("independent"),
+                    "runs_flagged": row["flagged"]}
     return out
 
 

@@ -1,0 +1,182 @@
+"""scripts/crosscheck/pfedsd_authors.py without the authors' checkout: the export format, what it reads from the
+driver's records and their logs, how it scores (their stale scores carried forward), checks and summarises. The
+comparison itself needs a CGCL-codes/pFedSD checkout (docs/evidence.md)."""
+import gzip
+import importlib.util
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pflrepro.paths import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def xc():
+    spec = importlib.util.spec_from_file_location("xcheck_pfedsd", REPO_ROOT / "scripts" / "crosscheck" / "pfedsd_authors.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_partition_export_round_trips_per_client_indices_and_labels(xc, tmp_path):
+    train = [np.array([5, 1, 69999]), np.array([7])]
+    test = [np.array([3]), np.array([60000, 2])]
+    y = np.arange(70000) % 10
+    xc.drv.save_partition(tmp_path / "p.npz", train, test, [y[i] for i in train], [y[i] for i in test])
+    got = xc.drv.load_partition(tmp_path / "p.npz")
+    assert [a.tolist() for a in got["train"]] == [[5, 1, 69999], [7]]      # order kept, not sorted
+    assert [a.tolist() for a in got["test"]] == [[3], [60000, 2]]
+    assert [a.tolist() for a in got["ytest"]] == [[3], [0, 2]]
+    assert all(a.dtype == np.int64 for key in got for a in got[key])
+
+
+def test_their_evaluation_labels_map_to_our_zero_based_clients(xc):
+    assert xc.drv.client_of("local_test_loader_client_7-0") == 6
+    assert xc.drv.client_of("GM_local_test_loader_client_12-0") == 11     # their FedAvg scores the GM
+    assert xc.drv.client_of("fedavg_test_loader-0") is None
+
+
+def _records(tmp_path, xc, recs):
+    path = tmp_path / "records.jsonl"
+    write = xc.drv.Records(str(path))
+    for r in recs:
+        write(**r)
+    return xc.parse_records(path.read_text())
+
+
+def test_records_are_read_and_stale_scores_carried_forward_as_their_master_does(xc, tmp_path):
+    """Round 1 scores both clients, round 2 only client 1 (pFedSD's master scores the clients that just trained):
+    client 0 keeps its round-1 score in round 2's average."""
+    ev = lambda r, c, k, n: {"type": "eval", "round": r, "label": f"local_test_loader_client_{c + 1}-0",
+                             "client": c, "correct": k, "n": n, "t0": 10.0 * r, "t1": 10.0 * r + 0.5}
+    parsed = _records(tmp_path, xc, [
+        {"type": "init", "sum": 1.5, "sumsq": 2.5}, {"type": "labels", "ok": True, "mismatch": [], "pool": 70000},
+        {"type": "round0", "client": 0, "correct": 1, "n": 10},
+        {"type": "round", "round": 1, "t": 100.0}, ev(1, 0, 5, 10), ev(1, 1, 30, 40),
+        {"type": "round", "round": 2, "t": 103.0}, ev(2, 1, 40, 40),
+        {"type": "end", "t": 107.5}])
+    assert parsed["init"] == {"sum": 1.5, "sumsq": 2.5} and parsed["round0"] == {0: (1, 10)}
+    assert parsed["evals"] == {1: {0: (5, 10), 1: (30, 40)}, 2: {1: (40, 40)}}
+    assert parsed["eval_seconds"] == {1: pytest.approx(1.0), 2: pytest.approx(0.5)}
+    assert xc.round_seconds(parsed) == {1: pytest.approx(3.0), 2: pytest.approx(4.5)}
+    r1, r2 = xc.their_scores(parsed, 2)
+    assert r1 == {"round": 1, "pm_mean": pytest.approx((0.5 + 0.75) / 2), "pm_pooled": pytest.approx(35 / 50),
+                  "n_fresh": 2}
+    assert r2["pm_mean"] == pytest.approx((0.5 + 1.0) / 2) and r2["n_fresh"] == 1
+    with pytest.raises(ValueError, match="scores for 2 clients, expected 3"):
+        xc.their_scores(parsed, 3)
+
+
+def test_their_own_logged_average_is_read_from_the_masters_json_log(xc, tmp_path):
+    folder = tmp_path / "checkpoint" / "fmnist" / "simple_cnn" / "xcheck" / "pfedsd_s0_abc_algo-pFedSD_lr-0.01" / "0"
+    folder.mkdir(parents=True)
+    (folder / "log-1.json").write_text(json.dumps([
+        {"measurement": "runtime", "comm_round": 1, "top1": 55.0, "split": "test", "type": "average_test"},
+        {"measurement": "runtime", "comm_round": 1, "top1": 10.0, "split": "test", "type": "local_test_loader_client_1-0"},
+        {"measurement": "runtime", "comm_round": 2, "top1": 62.5, "split": "test", "type": "GM_average_test"}]))
+    assert xc.their_logged_average(tmp_path / "checkpoint", "pfedsd_s0_abc") == {1: 0.55, 2: 0.625}
+    assert xc.their_logged_average(tmp_path / "checkpoint", "fedavg_s0_abc") == {}
+
+
+def test_summary_is_the_paired_difference_with_a_t_interval(xc):
+    """Differences 0.01, 0.03, 0.02 over three seeds: mean 0.02, sem 0.01 / sqrt(3), t(0.975, 2) = 4.3027."""
+    per_seed = [{"algorithm": "pfedsd", "seed": s, "metric": "pm_mean", "ours": 0.5 + d, "theirs": 0.5, "diff": d}
+                for s, d in enumerate((0.01, 0.03, 0.02))]
+    (row,) = xc.summary_table(per_seed)
+    half = 4.302653 * 0.01 / math.sqrt(3)
+    assert row["diff"] == pytest.approx(0.02) and row["n_seeds"] == 3 and row["ours"] == pytest.approx(0.52)
+    assert (row["ci95_low"], row["ci95_high"]) == pytest.approx((0.02 - half, 0.02 + half), abs=1e-6)
+    assert row["ci_covers_0"] is True                      # 0.02 - 0.0248 < 0
+    (tight,) = xc.summary_table([{**r, "diff": d} for r, d in zip(per_seed, (0.020, 0.021, 0.022))])
+    assert tight["ci_covers_0"] is False
+
+
+def test_last_rounds_are_averaged_and_the_best_round_taken_per_side_and_seed(xc):
+    rows = [xc.row("fedavg", 0, r, side, acc, acc - 0.01, 2)
+            for r, side, acc in ((1, "ours", 0.1), (2, "ours", 0.5), (3, "ours", 0.3),
+                                 (1, "theirs", 0.2), (2, "theirs", 0.2), (3, "theirs", 0.4))]
+    got = {r["metric"]: r for r in xc.per_seed_table(rows, rounds=3, last=2)}
+    assert got["pm_mean"]["ours"] == pytest.approx(0.4) and got["pm_mean"]["diff"] == pytest.approx(0.1)
+    assert got["pm_pooled"]["theirs"] == pytest.approx(0.29)
+    assert (got["pm_best"]["ours"], got["pm_best"]["theirs"]) == pytest.approx((0.5, 0.4))
+
+
+class _Data:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def client_train(self, k):
+        return self.x[k], self.y[k]
+
+    def client_test(self, k):
+        return self.x[k][:3], self.y[k][:3]
+
+
+def test_run_checks_pass_on_identical_start_and_data_and_name_each_difference(xc):
+    from pflrepro.data.models import build_model
+    torch.manual_seed(0)
+    init = build_model("cnn_fmnist", 1, 10, 28).state_dict()
+    net = build_model("cnn_fmnist", 1, 10, 28)
+    net.load_state_dict(init)
+    net.eval()
+    xs = [torch.randn(5, 1, 28, 28), torch.randn(4, 1, 28, 28)]
+    ys = [torch.tensor([0, 1, 2, 3, 4]), torch.tensor([5, 6, 7, 8])]
+    data = _Data(xs, ys)
+    with torch.no_grad():
+        correct = [int((net(x[:3]).argmax(1) == y[:3]).sum()) for x, y in zip(xs, ys)]
+    parsed = {"init": xc.checksum(init), "labels": {"ok": True},
+              "data": {k: {"client": k, "train_sum": float(xs[k].double().sum()), "n_train": len(xs[k]),
+                           "test_sum": float(xs[k][:3].double().sum()), "n_test": 3} for k in (0, 1)},
+              "round0": {k: (correct[k], 3) for k in (0, 1)}}
+    setting = {"n_clients": 2, "model": "cnn_fmnist"}
+    assert xc.check_run("pfedsd", parsed, data, init, setting) == []
+    bad = {**parsed, "init": {"sum": parsed["init"]["sum"] + 1e-3, "sumsq": parsed["init"]["sumsq"]},
+           "labels": {"ok": False, "mismatch": [1]},
+           "data": {**parsed["data"], 1: {**parsed["data"][1], "test_sum": parsed["data"][1]["test_sum"] + 1.0}},
+           "round0": {0: parsed["round0"][0], 1: (correct[1] + 1, 3)}}
+    problems = xc.check_run("pfedsd", bad, data, init, setting)
+    assert len(problems) == 4
+    assert [p.split(":")[0] for p in problems] == [
+        "initial weights differ", "labels at our indices differ in their dataset", "client 1 test", "client 1"]
+
+
+def test_their_arguments_carry_our_setting_and_pfedsds_lambda_and_temperature(xc, tmp_path):
+    s = xc.SETTING
+    args = xc.their_args("pfedsd", 3, s, tmp_path / "work" / "seed3", "tag", 12345)
+    kv = dict(zip(args[::2], args[1::2]))
+    assert kv["--algo"] == "pFedSD" and kv["--lamda"] == "0.5" and kv["--KL_T"] == "3.0"
+    assert (kv["--lr"], kv["--momentum_factor"], kv["--weight_decay"]) == (str(s["lr"]), str(s["momentum"]),
+                                                                         str(s["weight_decay"]))
+    assert (kv["--local_n_epochs"], kv["--batch_size"], kv["--n_clients"], kv["--n_comm_rounds"]) == (
+        str(s["local_epochs"]), str(s["batch_size"]), str(s["n_clients"]), str(s["rounds"]))
+    assert kv["--manual_seed"] == "3" and kv["--on_cuda"] == "False" and kv["--num_workers"] == "0"
+    assert kv["--data_dir"].rstrip("/") == str(tmp_path / "work" / "data")
+    fedavg = dict(zip(*[iter(xc.their_args("fedavg", 0, s, tmp_path, "t", 1))] * 2))
+    assert fedavg["--algo"] == "fedavg" and "--lamda" not in fedavg
+
+
+def _idx_gz(path, arr):
+    header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + arr.astype(np.uint8).tobytes())
+
+
+def test_their_data_files_are_the_decoded_idx_arrays(xc, tmp_path, monkeypatch):
+    src = tmp_path / "idx"
+    src.mkdir()
+    rng = np.random.default_rng(0)
+    arrays = {"train": (rng.integers(0, 256, (3, 28, 28)), np.array([9, 0, 4])),
+              "t10k": (rng.integers(0, 256, (2, 28, 28)), np.array([1, 7]))}
+    for prefix, (x, y) in arrays.items():
+        _idx_gz(src / f"{prefix}-images-idx3-ubyte.gz", x)
+        _idx_gz(src / f"{prefix}-labels-idx1-ubyte.gz", y)
+    monkeypatch.setattr(xc, "FMNIST_IDX", src)
+    xc.prepare_their_data(tmp_path / "data")
+    for half, prefix in (("training", "train"), ("test", "t10k")):
+        x, y = torch.load(tmp_path / "data" / "fmnist" / "FashionMNIST" / "processed" / f"{half}.pt",
+                          weights_only=True)
+        assert x.dtype == torch.uint8 and y.dtype == torch.int64 and x.shape == (len(y), 28, 28)
+        assert np.array_equal(x.numpy(), arrays[prefix][0]) and y.tolist() == arrays[prefix][1].tolist()
