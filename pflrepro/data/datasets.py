@@ -502,9 +502,10 @@ DATASETS = sorted(SPECS)
 class FedData:
     """One dataset split across clients, as tensors on one device.
 
-    `x`/`y` hold the pool the partition indexes (train, or train+test when pooled);
-    `x_test`/`y_test` the global test set. `train[k]`, `test[k]`, `val[k]` are index
-    tensors into `x` (or into `x_test` when `local_test_from_global`)."""
+    `x`/`y` hold the images of the pool (train, or train+test when pooled) that the run's clients use, in pool
+    order; `x_test`/`y_test` the global test set. `train[k]`, `test[k]`, `val[k]` are index tensors into `x` (or
+    into `x_test` when `local_test_from_global`), not into the whole pool (the partition's indices:
+    `federation.build.build_partition`)."""
     spec: DatasetSpec
     x: torch.Tensor
     y: torch.Tensor

@@ -19,9 +19,9 @@ def table4(E: Experiment, results: dict) -> pd.DataFrame:
     curves = curves[curves.setting == scale]
     r2r = report.rounds_to_reach(curves, E.P["reference"], E.P["method"], E.metric)
     r2r["dataset"] = r2r["setting"].map(dict(zip(curves.setting, curves.dataset)))
-    summary = r2r.groupby("dataset", as_index=False).agg(target_round=("target_round", "first"),
-                                                           fedper_acc=("target_acc", "mean"),
-                                                           rounds=("rounds", "mean"), speedup=("speedup", "mean"))
+    summary = report.over_seeds(r2r.rename(columns={"target_acc": "fedper_acc"}), ["dataset"],
+                                ["fedper_acc", "rounds", "speedup"])
+    summary.insert(1, "target_round", r2r.groupby("dataset", sort=False)["target_round"].first().to_numpy())
     paper = E.paper().query("method == @E.P['method']").rename(columns={"value": "paper_rounds",
                                                                        "speedup": "paper_speedup"})
     table = summary.merge(paper[["dataset", "paper_rounds", "paper_speedup"]], on="dataset", how="left")
@@ -49,8 +49,8 @@ def table5(E: Experiment, results: dict) -> pd.DataFrame:
     clients = clients[(clients.setting == scale) & clients.method.isin(E.P["methods_shown"])]
     sp = report.spread(clients)
     paper = E.paper().rename(columns={"value": "paper_mean", "std": "paper_std_across_clients"})
-    table = sp.rename(columns={"mean": "mean", "std": "std_across_clients"}).merge(
-        paper, on=["dataset", "method"], how="left")
+    table = sp.rename(columns={"std": "std_across_clients", "std_std": "std_across_clients_std",
+                               "std_seeds": "std_across_clients_seeds"}).merge(paper, on=["dataset", "method"], how="left")
     table["diff_mean"] = table["mean"] - table["paper_mean"]
     table["diff_std"] = table["std_across_clients"] - table["paper_std_across_clients"]
     E.table(table, "Table 5: personalized accuracy across clients at each run's best round (mean, std across clients; "
@@ -73,7 +73,8 @@ def fig2(E: Experiment, results: dict) -> pd.DataFrame:
     E.figure(g.figure, "forgetting")
     gap = curves.pivot_table(index=["panel", "seed", "round"], columns="model", values=E.metric).reset_index()
     gap["gap"] = gap["last local model"] - gap["received global model"]
-    table = gap.groupby("panel", as_index=False)[["received global model", "last local model", "gap"]].mean()
+    per_seed = gap.groupby(["panel", "seed"], as_index=False)[["received global model", "last local model", "gap"]].mean()
+    table = report.over_seeds(per_seed, ["panel"], ["received global model", "last local model", "gap"])
     E.table(table, "Fig. 2: mean over rounds of the accuracy on clients' local test sets (%)",
             note="The paper shows this as a figure only (no numbers to compare); its claim is the sign of the gap.")
     return table
@@ -113,8 +114,7 @@ def fig8(E: Experiment) -> pd.DataFrame:
     runs = E.tidy()
     hp = runs.method.str.extract(r"lam=(?P<lam>[0-9.]+),tau=(?P<tau>[0-9.]+)").astype(float)
     runs = runs.join(hp)
-    table = runs.groupby(["dataset", "tau", "lam"], as_index=False).agg(best=("best", "mean"), best_std=("best", "std"),
-                                                                       last10=("last10", "mean"))
+    table = report.over_seeds(runs, ["dataset", "tau", "lam"], ["best", "last10"])
     E.table(table, "Fig. 8: pFedSD accuracy (%) over λ and τ (best round; mean over seeds)")
     g = report.sns_theme().catplot(data=runs, x="lam", y="best", hue="tau", col="dataset", kind="point",
                                    errorbar="sd", height=3.4, aspect=1.2, sharey=False)

@@ -54,8 +54,33 @@ def tidy(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
                "final": score(r, metric, "final"), "best_round": r.summary[metric]["best_round"],
                "loss_spike": round(spike, 3), "spike_round": r.history[at]["round"] if at is not None else None}
         row["health"] = "; ".join(health.warnings(spike, row["best"], row["final"]))
-        rows.append({**row, "wall_s": r.provenance["wall_seconds"], "run": r.path.name})
+        rows.append({**row, "min_test": min_test(r.path), "wall_s": r.provenance["wall_seconds"], "run": r.path.name})
     return pd.DataFrame(rows)
+
+
+def min_test(run_path: Path) -> float:
+    """The smallest local test set of a run's clients (images), from its stored partition; nan where it has none.
+    One image of a 7-image test set is 14 points of that client's accuracy: the claims ledger names such cells."""
+    path = Path(run_path) / "partition.npz"
+    try:
+        with np.load(path) as z:
+            sizes = [z[k].shape[0] for k in z.files if k.startswith("test_")]
+    except (OSError, ValueError):
+        return float("nan")
+    sizes = [n for n in sizes if n > 0]
+    return float(min(sizes)) if sizes else float("nan")
+
+
+def over_seeds(per_seed: pd.DataFrame, keys: list, cols: list) -> pd.DataFrame:
+    """Per-seed rows -> one row per `keys`: each column's mean over seeds, `<col>_std`, `seeds` (how many) and
+    `<col>_seeds` ("seed:value;...": what the claims checker pairs seeds with, as `repro_seeds` for `reproduced`)."""
+    g = per_seed.groupby(list(keys), sort=False)
+    out = g[list(cols)].mean().reset_index()
+    out["seeds"] = g["seed"].nunique().to_numpy()
+    for c in cols:
+        out[f"{c}_std"] = g[c].std().to_numpy()
+        out[f"{c}_seeds"] = seed_values(per_seed, list(keys), c)
+    return out
 
 
 def compare(runs: pd.DataFrame, paper: pd.DataFrame | None, on=("method", "setting"), value: str = "best") -> pd.DataFrame:
@@ -69,6 +94,8 @@ def compare(runs: pd.DataFrame, paper: pd.DataFrame | None, on=("method", "setti
     out = out.rename(columns={"mean": "reproduced", "std": "repro_std", "count": "seeds"})
     if "seed" in runs.columns:
         out["repro_seeds"] = seed_values(runs, on, value)
+    if "min_test" in runs.columns:
+        out["min_test"] = g["min_test"].min().to_numpy()
     if paper is not None:
         p = paper.rename(columns={"value": "paper", "std": "paper_std"})
         if "paper_std" not in p.columns:  # papers that print single numbers (DC-PFL)
@@ -86,8 +113,8 @@ def compare(runs: pd.DataFrame, paper: pd.DataFrame | None, on=("method", "setti
 def seed_values(df: pd.DataFrame, on: list, value: str) -> list[str]:
     """Per group of `on`, in `groupby(on, sort=False)` order (as `compare` aggregates), each seed's `value` as
     "seed:value;..." (`repro_seeds`, the machine column the claims checker pairs seeds with: seed s draws the
-    same partition for every method)."""
-    return [";".join(f"{s}:{v:.6g}" for s, v in sorted(zip(g["seed"], g[value])) if v == v)
+    same partition for every method); a blank value is written "nan" (a target that seed never reached)."""
+    return [";".join(f"{s}:{v:.6g}" for s, v in sorted(zip(g["seed"], g[value])))
             for _, g in df.groupby(list(on), sort=False)]
 
 
@@ -263,11 +290,12 @@ def client_accuracies(results: dict, at: str = "best", metric: str = "pm_acc_mea
 
 
 def spread(clients: pd.DataFrame) -> pd.DataFrame:
-    """Table 5: mean and standard deviation ACROSS CLIENTS, averaged over seeds."""
+    """Table 5: mean and standard deviation ACROSS CLIENTS, averaged over seeds (with each seed's values:
+    `over_seeds`)."""
     per_run = clients.groupby(["dataset", "setting", "method", "seed"], sort=False)["accuracy"] \
         .agg(["mean", lambda a: a.std(ddof=0)]).reset_index()
     per_run.columns = ["dataset", "setting", "method", "seed", "mean", "std"]
-    return per_run.groupby(["dataset", "setting", "method"], sort=False)[["mean", "std"]].mean().reset_index()
+    return over_seeds(per_run, ["dataset", "setting", "method"], ["mean", "std"])
 
 
 def banner(profile: str, dataset: str, note: str = "", seeds=None) -> str:
@@ -279,7 +307,8 @@ def banner(profile: str, dataset: str, note: str = "", seeds=None) -> str:
     return s + (f" | {note}" if note else "")
 
 
-MACHINE_COLUMNS = ("repro_seeds",)   # in the CSV for the claims checker, not in the markdown a reader sees
+MACHINE_COLUMNS = ("repro_seeds", "min_test")   # in the CSV for the claims checker, not in the markdown a reader
+# sees; so is every `<column>_seeds` (each seed's value of a column: `over_seeds`)
 _COUNTS = re.compile(r"(^|_)(rank|seeds|rounds?|clients|runs|epochs|evaluations)$")
 
 
@@ -297,7 +326,7 @@ def to_markdown(df: pd.DataFrame, title: str, banner_line: str, digits: int = 2)
         return str(v)
     buf = io.StringIO()
     buf.write(f"## {title}\n\n> {banner_line}\n\n")
-    cols = [c for c in df.columns if c not in MACHINE_COLUMNS]
+    cols = [c for c in df.columns if c not in MACHINE_COLUMNS and not str(c).endswith("_seeds")]
     buf.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
     for _, r in df.iterrows():
         buf.write("| " + " | ".join(fmt(r[c], c) for c in cols) + " |\n")
