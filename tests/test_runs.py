@@ -233,3 +233,19 @@ def test_cli_refuses_an_absurd_run_unless_told_yes_and_ctrl_c_is_one_line(store,
     monkeypatch.setitem(cli.VERBS, "list", (cli._add_list, interrupted))
     assert cli.main(["list"]) == 130
     assert capsys.readouterr().err.startswith("interrupted: ")
+
+def test_torch_imported_first_is_noticed_and_said_once(tmp_path):
+    """Issue 35: `import torch` before pflrepro defeats OMP_WAIT_POLICY=PASSIVE (a round took 165 s instead of 46 s
+    beside another busy process); a multi-threaded run then warns once, saying how to avoid it."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = ("import {0}; import {1}, warnings, pflrepro.pipeline.store as s, torch\n"
+            "torch.set_num_threads(2)\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always'); s._warn_torch_first(); s._warn_torch_first()\n"
+            "print(pflrepro.TORCH_FIRST, len(w))")
+    out = subprocess.run([sys.executable, "-c", code.format("torch", "pflrepro")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.split() == ["True", "1"], out.stderr
+    out = subprocess.run([sys.executable, "-c", code.format("pflrepro", "torch")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.split() == ["False", "0"], out.stderr

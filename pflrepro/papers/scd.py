@@ -69,8 +69,8 @@ def new_clients(E: Experiment, results: dict) -> pd.DataFrame:
     rows = [{"method": m, "dataset": r.config.dataset, "setting": s, "seed": seed, "epochs": e,
              "acc": 100 * new_client_accuracy(r, e)["acc"]}
             for (m, s, seed), r in results.items() for e in E.P["finetune_epochs"]]
-    table = (pd.DataFrame(rows).groupby(["dataset", "setting", "epochs", "method"], as_index=False, sort=False)
-             .agg(reproduced=("acc", "mean"), repro_std=("acc", "std"), seeds=("acc", "count")))
+    table = report.over_seeds(pd.DataFrame(rows), ["dataset", "setting", "epochs", "method"], ["acc"]).rename(
+        columns={"acc": "reproduced", "acc_std": "repro_std", "acc_seeds": "repro_seeds"})
     E.table(table, "SCD Fig. 3: new clients' weighted mean local test accuracy (%) after fine-tuning the final GM")
     g = sns.catplot(data=table, x="method", y="reproduced", hue="epochs", col="setting", kind="bar", height=3.6,
                     aspect=1.6)

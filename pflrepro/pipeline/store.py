@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,6 +157,18 @@ def _prepare(cfg: RunConfig, path: Path, force: bool):
     return start, ctx, ALGORITHMS[cfg.algorithm](ctx, **cfg.hparams)
 
 
+def _warn_torch_first() -> None:
+    """Once: torch was imported before pflrepro, so OpenMP's idle threads spin (OMP_WAIT_POLICY=PASSIVE, set by
+    `import pflrepro`, is read when torch loads); with one thread there is nothing to spin."""
+    import pflrepro
+    if pflrepro.TORCH_FIRST and torch.get_num_threads() > 1 and not getattr(_warn_torch_first, "done", False):
+        _warn_torch_first.done = True
+        warnings.warn("torch was imported before pflrepro, so OMP_WAIT_POLICY=PASSIVE could not take effect: beside "
+                      "another busy process a multi-threaded run can take 3x as long. Import pflrepro first, or "
+                      "`export OMP_WAIT_POLICY=PASSIVE` before Python starts, or torch.set_num_threads(1).",
+                      RuntimeWarning, stacklevel=3)
+
+
 def run(cfg: RunConfig | dict, *, root: Path | str | None = None, progress: bool = True,
         force: bool = False) -> RunResult:
     """Run one config, or return its stored result. Resumes from a checkpoint if one exists."""
@@ -163,6 +176,7 @@ def run(cfg: RunConfig | dict, *, root: Path | str | None = None, progress: bool
     path = run_dir(cfg, root)
     if (path / "summary.json").exists() and not force:
         return load_result(path)
+    _warn_torch_first()
     created = not path.exists()
     try:   # a setting the data refuses (more clients than samples) is refused here: leave no folder behind
         start, ctx, algo = _prepare(cfg, path, force)
