@@ -12,6 +12,12 @@ class ConfigError(ValueError):
     """A bad configuration value; the message names the key, the value and what is allowed."""
 
 
+# Upper bounds of the epoch- and step-like settings (issue 33: `hparams.pm_epochs=1e9` ran for ever): far above any
+# paper's value (the largest: FedRep's 10 head epochs, pFedMe's K = 5, FedDF's 10^4 distillation steps).
+MAX_EPOCHS = 1000
+MAX_STEPS = 10**6
+
+
 @dataclass(frozen=True)
 class Param:
     """Declaration of one setting: type, default, allowed range/choices, help text."""

@@ -101,3 +101,13 @@ def test_nan_and_inf_are_refused_for_every_float_setting(given, message):
     with pytest.raises(ConfigError) as e:
         RunConfig.from_dict(given)
     assert str(e.value) == f"{message}: must be a finite number"
+
+
+@pytest.mark.parametrize("algorithm, key", [("ditto", "pm_epochs"), ("fedrep", "head_epochs"), ("pfedme", "K"),
+                                            ("scd", "pm_epochs"), ("feddf", "distill_steps"), ("fedavg_ft", "ft_epochs")])
+def test_epoch_and_step_settings_have_an_upper_bound(algorithm, key):
+    """Issue 33: `hparams.pm_epochs=1e9` and the like ran for ever; every epoch- or step-like setting is bounded."""
+    with pytest.raises(ConfigError, match=rf"hparams\.{key}=1000000000: must be <= "):
+        RunConfig.from_dict({"algorithm": algorithm, "hparams": {key: 10**9}})
+    with pytest.raises(ConfigError, match=r"local_epochs=5000: must be <= 1000"):
+        RunConfig.from_dict({"algorithm": "fedavg", "local_epochs": 5000})

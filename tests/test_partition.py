@@ -393,3 +393,15 @@ def test_lognormal_sizes_average_mean_size_and_are_skewed():
     assert all(np.array_equal(a, b) for a, b in zip(parts, again))
     with pytest.raises(ValueError, match="multiple"):
         P.lognormal(labels, 149, seed=0, classes_per_client=3)
+
+
+def test_dirichlet_class_prob_too_small_is_refused_not_spun():
+    """Issue 33: class_prob=1e-9 redrew empty rows for ever; now one error at once, naming the smallest usable value."""
+    import time
+    labels = np.repeat(np.arange(10), 30)
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match=r"class_prob=1e-09 too small.*class_prob >= 0\.0001"):
+        P.dirichlet(labels, 5, seed=0, class_prob=1e-9)
+    assert time.perf_counter() - t < 5
+    parts = P.dirichlet(labels, 5, seed=0, class_prob=0.5)      # a usable value still partitions every index
+    assert sorted(np.concatenate(parts).tolist()) == list(range(300))

@@ -4,7 +4,7 @@ upload, aggregation, personal model).
 
 Vocabulary follows Flower: the server sends a model to selected clients
 (`client_update` receives `server`), clients return an `Update` message, the server
-folds them in `aggregate`. States are dicts of tensors (see pflrepro.engine).
+folds them in `aggregate`. States are dicts of tensors (see pflrepro.core.loop).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import torch
 from ..core.aggregation import state_bytes
 from ..core.seeds import derive_seed
 from ..core.training import local_train
-from ..params import Param
+from ..params import MAX_EPOCHS, Param
 from .fedgh import FedGH
 from .stats import (
     aligned_ce,
@@ -47,7 +47,7 @@ class DCPFL(FedGH):
         "n_virtual": Param(int, 1000, "sum_c |G_c| (Table 3; paper uses 1,000)", low=1),
         "server_lr": Param(float, 0.01, "eta_phi (Sec. 6.1: SGD, lr 0.01 for the global classifier)",
                            low=0.0, low_open=True),
-        "server_epochs": Param(int, 1, "epochs of eq. 12 over the virtual features (paper: unstated)", low=0),
+        "server_epochs": Param(int, 1, "epochs of eq. 12 over the virtual features (paper: unstated)", low=0, high=MAX_EPOCHS),
         "server_batch": Param(int, 64, "batch size of eq. 12 (paper: unstated)", low=1),
         "cov_shrink": Param(float, 0.0, "Sigma <- (1-a) Sigma + a tr(Sigma)/d I before sampling", low=0.0, high=1.0),
         "cov_jitter": Param(float, 1e-5, "eps = jitter * tr(Sigma)/d added to the diagonal, x10 until Cholesky "

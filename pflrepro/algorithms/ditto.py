@@ -17,7 +17,7 @@ from ..core.aggregation import clone_state
 from ..core.clock import steps_per_epochs
 from ..core.context import Plan, Then
 from ..core.training import batchable, ce_loss
-from ..params import Param
+from ..params import MAX_EPOCHS, Param
 from .base import Algorithm
 
 
@@ -28,7 +28,7 @@ class Ditto(Algorithm):
         "lam": Param(float, 1.0, "lambda of h_k = F_k(v) + lambda/2 ||v - w^t||^2 (authors' Fashion-MNIST "
                      "scripts: lam=1; their dynamic-lambda candidates {0.1, 1, 2})", low=0.0),
         "pm_epochs": Param(int, 0, "personal-model epochs per round; 0 = local_epochs (the code runs as many "
-                           "PM steps as GM steps; SCD Table 4 uses 3 or 5)", low=0),
+                           "PM steps as GM steps; SCD Table 4 uses 3 or 5)", low=0, high=MAX_EPOCHS),
     }
 
     @classmethod

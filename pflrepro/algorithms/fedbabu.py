@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..core.aggregation import clone_state, plain_average
 from ..core.context import Plan
 from ..data.models import head_param_names
-from ..params import Param
+from ..params import MAX_EPOCHS, Param
 from .base import Algorithm
 
 
@@ -30,7 +30,7 @@ class FedBABU(Algorithm):
     HPARAMS = {
         "head_layers": Param(int, 1, "how many last parametrised layers form the frozen head (FedBABU: the "
                              "last linear classifier)", low=1),
-        "ft_epochs": Param(int, 5, "fine-tuning epochs at evaluation (FedBABU code: 5)", low=0),
+        "ft_epochs": Param(int, 5, "fine-tuning epochs at evaluation (FedBABU code: 5)", low=0, high=MAX_EPOCHS),
         "ft_lr": Param(float, 0.0, "fine-tuning learning rate; 0 = the run's lr", low=0.0),
         "ft_part": Param(str, "full", "what fine-tuning updates: 'full' (FedBABU code) or 'head'",
                          choices=("full", "head")),

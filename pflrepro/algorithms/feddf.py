@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from ..core.aggregation import clone_state, weighted_average
 from ..core.seeds import derive_seed
 from ..core.training import outputs
-from ..params import Param, check_params
+from ..params import MAX_STEPS, Param, check_params
 from .base import Algorithm
 
 
@@ -87,7 +87,7 @@ class FedDF(Algorithm):
     needs_public = True     # RunConfig refuses a run without `public.size`
     HPARAMS = {
         "distill_steps": Param(int, 100, "server distillation steps per round (paper: up to 10^4 with early stopping "
-                               "on a validation set; none here)", low=0),
+                               "on a validation set; none here)", low=0, high=MAX_STEPS),
         "distill_lr": Param(float, 1e-3, "Adam learning rate of the student (code: student_learning_rate=1e-3), "
                             "cosine-annealed over the steps", low=0.0),
         "distill_batch": Param(int, 128, "public samples per distillation step (code: batch_size=128)", low=1),

@@ -23,7 +23,7 @@ from ..core.aggregation import clone_state, state_bytes
 from ..core.context import Plan
 from ..core.seeds import derive_seed
 from ..core.training import batchable
-from ..params import Param, check_params
+from ..params import MAX_STEPS, Param, check_params
 from .base import Algorithm
 
 
@@ -88,7 +88,7 @@ class FedGen(Algorithm):
         "gen_lr": Param(float, 3e-4, "generator Adam lr (code: ensemble_lr=3e-4)", low=0.0, low_open=True),
         "gen_wd": Param(float, 1e-2, "generator Adam weight decay (code: weight_decay=1e-2)", low=0.0),
         "gen_steps": Param(int, 50, "generator steps per round (code: ensemble_epochs // n_teacher_iters x "
-                           "n_teacher_iters = 50)", low=0),
+                           "n_teacher_iters = 50)", low=0, high=MAX_STEPS),
         "gen_batch": Param(int, 0, "generator batch; 0 = the run's batch_size (code: train_generator(batch_size))",
                            low=0),
         "eta": Param(float, 1.0, "diversity-loss weight (code: ensemble_eta=1)", low=0.0),

@@ -25,7 +25,7 @@ import torch
 
 from ..core.aggregation import clone_state, plain_average, state_bytes, weighted_average
 from ..core.training import TrainStats
-from ..params import Param
+from ..params import MAX_EPOCHS, Param
 from .base import Update
 from .partial import FedPer
 from .stats import aligned_ce, class_stats, features, pool_means, targets_bytes
@@ -64,9 +64,9 @@ class FedPAC(FedPer):
     name = "fedpac"
     HPARAMS = {
         "head_layers": Param(int, 1, "how many last layers form the personal head (FedPAC: the classifier)", low=1),
-        "head_epochs": Param(int, 1, "head-only epochs a round, first (the code: 1)", low=0),
+        "head_epochs": Param(int, 1, "head-only epochs a round, first (the code: 1)", low=0, high=MAX_EPOCHS),
         "head_lr": Param(float, 0.1, "the head phase's learning rate (the code: 0.1)", low=0.0, low_open=True),
-        "body_epochs": Param(int, 1, "body-only epochs a round, after the head (the code: local_epoch)", low=0),
+        "body_epochs": Param(int, 1, "body-only epochs a round, after the head (the code: local_epoch)", low=0, high=MAX_EPOCHS),
         "lam": Param(float, 1.0, "weight of the feature alignment MSE (the code's --lam default 1)", low=0.0),
         "eps": Param(float, 1e-3, "combination weights below this are dropped (the code: 1e-3)", low=0.0),
     }

@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..core.aggregation import clone_state
 from ..core.context import Plan, Then
 from ..core.training import TrainStats
-from ..params import Param
+from ..params import MAX_EPOCHS, Param
 from .partial import FedPer
 
 
@@ -28,9 +28,9 @@ class FedRep(FedPer):
     HPARAMS = {
         "head_layers": Param(int, 1, "how many last parametrised layers form the personal head (FedRep: the "
                              "last linear layer)", low=1),
-        "head_epochs": Param(int, 10, "head-only epochs per round, first (FedRep: ten)", low=0),
+        "head_epochs": Param(int, 10, "head-only epochs per round, first (FedRep: ten)", low=0, high=MAX_EPOCHS),
         "body_epochs": Param(int, 5, "body-only epochs per round, after the head (FedRep/FedBSD: 1 for "
-                             "CIFAR-10 with S = 2, 5 otherwise)", low=0),
+                             "CIFAR-10 with S = 2, 5 otherwise)", low=0, high=MAX_EPOCHS),
     }
 
     @classmethod

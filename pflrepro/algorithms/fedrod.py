@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.aggregation import clone_state
-from ..params import Param
+from ..params import MAX_EPOCHS, Param
 from .base import Algorithm
 
 
@@ -64,7 +64,7 @@ class FedRoD(Algorithm):
     generic = False
     HPARAMS = {
         "pm_epochs": Param(int, 0, "extra epochs of personal-head-only training after the joint epochs "
-                           "(SCD Table 4: 3 or 5; 0 = FedRoD)", low=0),
+                           "(SCD Table 4: 3 or 5; 0 = FedRoD)", low=0, high=MAX_EPOCHS),
         "joint": Param(bool, True, "train the personal head in the joint steps too (FedRoD); False: only in the "
                        "pm_epochs after the generic training (a PM phase of its own)"),
         "phead_init": Param(str, "init", "personal head's start: 'init' (the common initial head, as PFLlib) "

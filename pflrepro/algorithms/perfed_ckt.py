@@ -25,7 +25,7 @@ from ..core.aggregation import clone_state, state_bytes
 from ..core.schedule import sample_clients
 from ..core.seeds import derive_seed
 from ..core.training import outputs
-from ..params import Param
+from ..params import MAX_STEPS, Param
 from .base import Algorithm, Update
 
 
@@ -80,7 +80,7 @@ class PerFedCKT(Algorithm):
                           low=1),
         "lam": Param(float, 2.0, "lambda, weight of the distillation term (appendix E: 2)", low=0.0),
         "public_batch": Param(int, 128, "b': public samples per local step (appendix E: 128)", low=1),
-        "tau": Param(int, 50, "local iterations per round (appendix E: 50); 0 = local_epochs epochs", low=0),
+        "tau": Param(int, 50, "local iterations per round (appendix E: 50); 0 = local_epochs epochs", low=0, high=MAX_STEPS),
         "output": Param(str, "softmax", "s(w, x): 'softmax' (on the simplex, as defined) or raw 'logits'",
                         choices=("softmax", "logits")),
         "n_init": Param(int, 10, "k-means restarts (scikit-learn n_init)", low=1),

@@ -68,7 +68,7 @@ import torch.nn.functional as F
 
 from ..core.seeds import derive_seed
 from ..core.training import local_train
-from ..params import Param
+from ..params import MAX_STEPS, Param
 from .base import Algorithm
 
 
@@ -85,9 +85,9 @@ class PerFedAvg(Algorithm):
                          "Hessian-vector correction (I - alpha H(w; D'')) on a third batch (exact autograd HVP)",
                          choices=("fo", "hf")),
         "steps": Param(int, 0, "local MAML steps per round: 0 = local_epochs passes (each step reads 2 (hf: 3) "
-                       "batches); tau > 0 = tau steps (the paper's tau)", low=0),
+                       "batches); tau > 0 = tau steps (the paper's tau)", low=0, high=MAX_STEPS),
         "ft_steps": Param(int, 1, "SGD steps of size alpha from the global model for the personalized model "
-                          "(paper: one step; 0 = evaluate the global model)", low=0),
+                          "(paper: one step; 0 = evaluate the global model)", low=0, high=MAX_STEPS),
         "ft_data": Param(str, "batch", "data of each personalization step: one batch of batch_size ('batch', the "
                          "codes' train_one_step) or the full local training set ('full')",
                          choices=("batch", "full")),

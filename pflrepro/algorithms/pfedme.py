@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.aggregation import clone_state
-from ..params import Param
+from ..params import MAX_EPOCHS, MAX_STEPS, Param
 from .base import Algorithm
 
 
@@ -34,14 +34,14 @@ class PFedMe(Algorithm):
     HPARAMS = {
         "lam": Param(float, 15.0, "lambda, Moreau-envelope regularisation (pFedSD grid [15, 20, 30])", low=0.0,
                      low_open=True),
-        "K": Param(int, 5, "gradient steps on the inner problem per local step (pFedMe: K = 5)", low=1),
+        "K": Param(int, 5, "gradient steps on the inner problem per local step (pFedMe: K = 5)", low=1, high=MAX_EPOCHS),
         "personal_lr": Param(float, 0.01, "inner step size (pFedMe README, CNN on CIFAR-10: 0.01)", low=0.0,
                              low_open=True),
         "beta": Param(float, 1.0, "server mixing beta (pFedMe code default and comparison runs: 1)", low=0.0,
                       low_open=True),
         "mu": Param(float, 0.0, "L2 on theta inside the inner problem (paper: none; pFedMe code: 0.001)", low=0.0),
         "R": Param(int, 0, "local steps: 0 = E epochs of mini-batches (pFedSD: E = 5); R > 0 = R mini-batches, "
-                   "as pFedMe's code (R = 20)", low=0),
+                   "as pFedMe's code (R = 20)", low=0, high=MAX_STEPS),
         "inner_init": Param(str, "warm", "inner solve starts from the previous theta_hat ('warm', code) or "
                             "from the current w ('w')", choices=("warm", "w")),
     }

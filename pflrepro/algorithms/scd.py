@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.training import batchable, ce_loss
-from ..params import Param
+from ..params import MAX_EPOCHS, Param
 from .ditto import Ditto
 from .spectral import INCLUDE, MODES, spectral_names, spectral_target, spectral_term
 
@@ -40,7 +40,7 @@ class SCD(Ditto):
                        "code: 0.4)", low=0.0),
         "tau": Param(float, 0.4, "truncation ratio: s_hat keeps the first ceil(tau d) entries (paper: 0.4)",
                      low=0.0, high=1.0),
-        "pm_epochs": Param(int, 0, "E_p, PM epochs per round; 0 = local_epochs (E_G) (Table 4: 3 or 5)", low=0),
+        "pm_epochs": Param(int, 0, "E_p, PM epochs per round; 0 = local_epochs (E_G) (Table 4: 3 or 5)", low=0, high=MAX_EPOCHS),
         "spectrum": Param(str, "dft1d", "'dft1d': the paper's 1-D DFT of the concatenated weights; 'fft2d_layer': "
                           "the code's 2-D FFT per layer", choices=MODES),
         "include": Param(str, "weights", "tensors in the spectrum: 'weights' (the code: every module's weight) or "

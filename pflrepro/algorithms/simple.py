@@ -5,7 +5,7 @@ from ..core.aggregation import clone_state
 from ..core.context import Plan
 from ..core.training import batchable, ce_loss
 from ..data.models import head_param_names
-from ..params import Param
+from ..params import MAX_EPOCHS, Param
 from .base import Algorithm, Update
 
 
@@ -60,7 +60,7 @@ class HeadFT:
     (FedBSD: "an additional 10 epochs of head training on each client"). Fine-tuning happens at evaluation
     time and never feeds back into training."""
     generic = False
-    FT_HPARAMS = {"ft_epochs": Param(int, 10, "head fine-tuning epochs at evaluation", low=0),
+    FT_HPARAMS = {"ft_epochs": Param(int, 10, "head fine-tuning epochs at evaluation", low=0, high=MAX_EPOCHS),
                   "head_layers": Param(int, 1, "how many last layers form the head", low=1)}
 
     def personal_model(self, k, server, cstate):

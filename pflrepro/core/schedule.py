@@ -143,7 +143,7 @@ def make_schedule(cfg, n_train: np.ndarray) -> Synchronous:
     return Asynchronous(cfg, n_train) if cfg.schedule.get("mode", "sync") != "sync" else Synchronous(cfg, n_train)
 
 
-# ---- moved here from pflrepro.engine
+# ---- who trains: client sampling
 
 # ---------------------------------------------------------------- the round loop
 def sample_clients(cfg: RunConfig, rnd: int, n_train: np.ndarray) -> list[int]:

@@ -237,10 +237,16 @@ def dirichlet(
 def _class_holders(rng, n_clients: int, n_classes: int, class_prob: float) -> list[np.ndarray]:
     if class_prob >= 1:
         return [np.arange(n_clients)] * n_classes
+    hold = 1.0 - (1.0 - class_prob) ** n_classes      # P(a client's row holds some class)
+    if hold < 1e-3:   # the redraw below would spin (class_prob=1e-9 ran for ever: issue 33)
+        raise ValueError(f"class_prob={class_prob} too small: with {n_classes} classes a client holds any class with "
+                         f"probability {hold:.2g}; use class_prob >= {1 - (1 - 1e-3) ** (1 / n_classes):.2g}")
     for _ in range(10000):
         phi = rng.random((n_clients, n_classes)) < class_prob
         empty = ~phi.any(axis=1)
-        while empty.any():  # as the code: redraw rows of clients holding no class
+        for _ in range(100000):  # as the code: redraw rows of clients holding no class
+            if not empty.any():
+                break
             phi[empty] = rng.random((int(empty.sum()), n_classes)) < class_prob
             empty = ~phi.any(axis=1)
         if phi.any(axis=0).all():

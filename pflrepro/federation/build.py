@@ -54,7 +54,12 @@ def build_partition(cfg: RunConfig) -> dict:
     if getattr(partitioner, "uses_domains", False):   # one domain per client: each pool index's domain
         doms = raw.domains(cfg.pool)
         extra["domains"] = None if doms is None else doms.numpy()[pool_idx]
-    parts = partitioner(labels, cfg.n_clients, seed=cfg.seed, **cfg.partition_params, **extra)
+    try:
+        parts = partitioner(labels, cfg.n_clients, seed=cfg.seed, **cfg.partition_params, **extra)
+    except ConfigError:
+        raise
+    except ValueError as e:   # a partition the settings cannot produce: one line, before any work (issue 33)
+        raise ConfigError(f"partition={cfg.partition}: {e}") from None
     parts = [pool_idx[p] for p in parts]
     kw = dict(cfg.split_params)
     if cfg.split == "global_test_by_proportion":

@@ -15,7 +15,7 @@ from .. import algorithms
 from ..core import clock, schedule
 from ..data import datasets as data
 from ..data import models, partition
-from ..params import ConfigError, Param, check_params
+from ..params import MAX_EPOCHS, ConfigError, Param, check_params
 
 PUBLIC_SCHEMA: dict[str, Param] = {
     "dataset": Param(str, "", "dataset the unlabeled public set is drawn from ('' = the run's own dataset)"),
@@ -50,7 +50,7 @@ RUN_SCHEMA: dict[str, Param] = {
                           "gets models[k % len(models)]) or 'size' (a larger dataset draws a larger model: PerFed-CKT "
                           "Table 2)"),
     "rounds": Param(int, 10, "communication rounds T", low=1),
-    "local_epochs": Param(int, 1, "local epochs E", low=0),
+    "local_epochs": Param(int, 1, "local epochs E", low=0, high=MAX_EPOCHS),
     "batch_size": Param(int, 64, "local batch size B", low=1),
     "lr": Param(float, 0.01, "client learning rate", low=0.0, low_open=True),
     "momentum": Param(float, 0.0, "SGD momentum", low=0.0, high=1.0),

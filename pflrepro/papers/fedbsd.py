@@ -83,6 +83,10 @@ def fig4(E: Experiment, results: dict) -> pd.DataFrame:
     rounds = report.at_rounds(curves, E.metric, (0.25, 0.5, 0.75, 1.0))
     E.table(rounds, "Fig. 4 (right): accuracy at a quarter, half, three quarters and all of the rounds, default S (%)",
             stem="rounds")
+    E.table(report.rounds_to_shares(curves, E.metric), "Fig. 4 (right): rounds to reach 50, 75 and 90 % of the best "
+            "final accuracy among the methods, default S (blank: never, in this run)", stem="rounds_to_target")
+    E.table(report.stability(curves, E.metric), "Fig. 4 (right): oscillation, the mean absolute change of accuracy "
+            "between consecutive evaluations over the second half of the rounds, default S (points)", stem="stability")
     E.figure(report.plot_sweep(sweep, "classes per client S", E.banner), "heterogeneity")
     E.figure(report.plot_sweep(epochs, "backbone epochs a round", E.banner), "epochs")
     E.figure(report.plot_curves(curves, E.metric, title=E.banner, ylabel="personalized accuracy (%)"), "rounds")

@@ -47,6 +47,8 @@ def accuracy_and_communication(E: Experiment, results: dict, title: str) -> pd.D
                  + "Our communication counts the centroids once per receiving client; the paper's CKT cells fit one "
                    "broadcast per round (docs/fidelity.md). " + E.P.get("extra", {}).get("note", ""))
     E.figure(report.plot_vs_paper(table, E.banner), "vs_paper")
+    E.table(report.by_client_size(results, E.metric), f"{title}: accuracy of the clients in each quarter of the "
+            "training-set sizes (%, best round)", stem="by_size")
     return table
 
 

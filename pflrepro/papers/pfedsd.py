@@ -89,12 +89,19 @@ def fig5(E: Experiment) -> list[int]:
 
 
 def fig6(E: Experiment, results: dict) -> pd.DataFrame:
-    """Learning curves (std bands over seeds) and the final-round accuracy."""
+    """Learning curves (std bands over seeds); the final-round accuracy and the drop from the best round; every
+    method's rounds to FedPer's last-round accuracy; the accuracy at a quarter, half, three quarters and all rounds."""
     curves = render.learning_curves(E, results)
-    last = curves.groupby(["panel", "method", "seed"]).apply(
-        lambda g: g.sort_values("round")[E.metric].iloc[-1]).rename("final")
-    table = last.groupby(["panel", "method"]).agg(["mean", "std"]).reset_index()
-    E.table(table, "Fig. 6: final-round accuracy (%)")
+    per_run = curves.sort_values("round").groupby(["panel", "method", "seed"], sort=False)[E.metric] \
+        .agg(final="last", best="max").reset_index()
+    per_run["drop"] = per_run["best"] - per_run["final"]   # how far a curve ends under its best round (stability)
+    table = report.over_seeds(per_run, ["panel", "method"], ["final", "drop"])
+    E.table(table, "Fig. 6: final-round accuracy and its drop from the best round (%, mean over seeds)")
+    reach = report.rounds_to_target(curves, E.P.get("reference", "fedper"), E.metric)
+    E.table(reach, "Fig. 6: rounds each method needs to reach FedPer's accuracy at its last round (blank: never, in "
+            "this run; mean over the seeds that reached it)", stem="rounds_to_target")
+    E.table(report.at_rounds(curves, E.metric), "Fig. 6: accuracy at a quarter, half, three quarters and all of the "
+            "rounds (%)", stem="rounds")
     return table
 
 

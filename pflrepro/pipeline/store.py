@@ -22,6 +22,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -160,8 +161,8 @@ def _prepare(cfg: RunConfig, path: Path, force: bool):
 def _warn_torch_first() -> None:
     """Once: torch was imported before pflrepro, so OpenMP's idle threads spin (OMP_WAIT_POLICY=PASSIVE, set by
     `import pflrepro`, is read when torch loads); with one thread there is nothing to spin."""
-    import pflrepro
-    if pflrepro.TORCH_FIRST and torch.get_num_threads() > 1 and not getattr(_warn_torch_first, "done", False):
+    first = getattr(sys.modules.get("pflrepro"), "TORCH_FIRST", False)   # set by `import pflrepro` (no import cycle)
+    if first and torch.get_num_threads() > 1 and not getattr(_warn_torch_first, "done", False):
         _warn_torch_first.done = True
         warnings.warn("torch was imported before pflrepro, so OMP_WAIT_POLICY=PASSIVE could not take effect: beside "
                       "another busy process a multi-threaded run can take 3x as long. Import pflrepro first, or "

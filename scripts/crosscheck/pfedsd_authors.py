@@ -206,9 +206,10 @@ def export(cfg: dict, folder: Path):
     split = build_partition(rc)
     ctx = build_context(rc, torch.device("cpu"), split)
     folder.mkdir(parents=True, exist_ok=True)
-    y = ctx.data.y.numpy()
+    # labels client by client (FedData's index lists are into the run's own images, in the split's order)
     drv.save_partition(folder / "partition.npz", split["train"], split["test"],
-                       [y[i] for i in split["train"]], [y[i] for i in split["test"]])
+                       [ctx.data.client_train(k)[1].numpy() for k in range(len(split["train"]))],
+                       [ctx.data.client_test(k)[1].numpy() for k in range(len(split["test"]))])
     torch.save([t.clone() for t in ctx.init_state.values()], folder / "init.pt")
     return ctx.data, ctx.init_state
 
