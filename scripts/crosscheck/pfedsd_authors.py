@@ -18,9 +18,10 @@ lambda 0.5 (`--lamda`), tau 3 (`--KL_T`). Their `run_gloo.py` machinery runs unm
 subprocess, through `pfedsd_authors_driver.py` (runtime patches only, listed there); ours runs with
 `pflrepro.run(cfg, root=<out>/ours_runs)`.
 
-Run (2 CPU cores: about 35 minutes for both algorithms and 3 seeds at the defaults):
+Run (2 CPU cores: 48 minutes for both algorithms and 3 seeds at the defaults with --parallel, measured 2026-11-28;
+--rounds 10 --last 3 should take about two thirds of that, not measured):
 
-    .venv/bin/python scripts/crosscheck/pfedsd_authors.py --authors /tmp/pfedsd_authors --out /tmp/xcheck_pfedsd
+    .venv/bin/python scripts/crosscheck/pfedsd_authors.py --authors /tmp/pfedsd_authors --out /tmp/xcheck_pfedsd --parallel
 
 Speed (the pFedSD paper row: Fashion-MNIST, 100 clients, 10 % participation, E = 5, B = 64, all data; FedAvg and
 pFedSD, interleaved ours, theirs, ours, theirs; wall seconds per round for rounds 2-4, load average printed):
@@ -111,7 +112,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,6 +154,7 @@ METRICS = ("pm_mean", "pm_pooled", "pm_best")
 def prepare_their_data(data_dir: Path) -> Path:
     """Decode the Debian Fashion-MNIST IDX files into `<data_dir>/fmnist/FashionMNIST/processed/{training,test}.pt`
     ((uint8 images N x 28 x 28, int64 labels), what their FashionMNIST loader torch.loads)."""
+    import torch
     out = data_dir / "fmnist" / "FashionMNIST" / "processed"
     if (out / "training.pt").exists() and (out / "test.pt").exists():
         return data_dir
@@ -201,6 +202,8 @@ def our_config(algo: str, seed: int, setting: dict) -> dict:
 
 def export(cfg: dict, folder: Path):
     """Our partition (pool indices and labels per client) and initial weights, for their code; our FedData."""
+    import torch
+
     from pflrepro.federation.build import build_context, build_partition
     from pflrepro.federation.config import RunConfig
     rc = RunConfig.from_dict(cfg)
@@ -354,6 +357,7 @@ def their_logged_average(checkpoint: Path, tag: str) -> dict:
 # ---------------------------------------------------------------- checks
 def check_run(algo: str, parsed: dict, data, init: dict, setting: dict) -> list[str]:
     """Identical start and data on both sides; returns the problems found (printed by the caller)."""
+    import torch
     problems = []
     ours = checksum(init)
     if parsed["init"] is None or any(abs(parsed["init"][k] - ours[k]) > 1e-6 * max(1.0, abs(ours[k])) for k in ours):
@@ -488,6 +492,7 @@ def compare_one(algo: str, seed: int, opts, work: Path, data, init: dict) -> lis
 
 
 def run_comparison(opts) -> int:
+    import torch
     torch.set_num_threads(opts.threads)
     rows, t0 = [], time.time()
     for seed in opts.seeds:
@@ -513,9 +518,10 @@ def run_comparison(opts) -> int:
 
 # ---------------------------------------------------------------- --timing
 OURS_TIMED = r"""
-import json, sys, torch
+import json, sys
+import pflrepro  # before torch, as our CLI and run workers do (OMP_WAIT_POLICY)
+import torch
 torch.set_num_threads(int(sys.argv[3]))
-import pflrepro
 res = pflrepro.run(json.loads(sys.argv[1]), root=sys.argv[2], progress=False, force=True)
 print("XCHECK_OURS " + json.dumps([{"round": int(h["round"]), "seconds": h["seconds"],
                                     "eval_seconds": h["eval_seconds"]} for h in res.history]))
@@ -624,6 +630,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
+    import pflrepro  # noqa: F401  (before torch: pflrepro sets OMP_WAIT_POLICY=PASSIVE where torch is not yet loaded)
     opts = parse_args(argv)
     (opts.out / "logs").mkdir(parents=True, exist_ok=True)
     opts.stubs = write_stubs(opts.out / "stubs")
