@@ -529,3 +529,35 @@ def test_scd_claims_evaluate_on_tables_shaped_as_their_header_says(tmp_path):
     r = claims.evaluate(by_id["wait-free-speeds-up-scd"], tmp_path, doc)
     assert r["verdict"] == "by design" and len(r["cells"]) == 4 and r["effect"] == pytest.approx(1.8), r["evidence"]
     assert claims.evaluate(by_id["wait-free-speeds-up-ditto-fedrod"], tmp_path, doc)["verdict"] == "by design"
+
+
+def test_power_at_three_seeds_for_a_claim_without_an_interval():
+    """Issue 31: mini must tell underpowered from absent. A one-seed claim gets the effect 3 paired seeds would
+    detect, from the spread of the same paper's 3-seed accuracy claims (planning only: the verdict stays)."""
+    from scipy import stats
+    base = {"paper": "toy", "table": "table", "form": "order", "interval": "", "ci": None, "evidence": "e",
+            "verdict": "underpowered", "seed_sd": None, "paper_gap": None, "mde3": None}
+    rows = [{**base, "id": "three-a", "seeds": 3, "seed_sd": 1.0, "verdict": "holds", "ci": (1, 2)},
+            {**base, "id": "three-b", "seeds": 3, "seed_sd": 3.0, "verdict": "fails", "ci": (-2, -1)},
+            {**base, "id": "one-big", "seeds": 1, "paper_gap": 9.0},
+            {**base, "id": "one-small", "seeds": 1, "paper_gap": 0.5},
+            {**base, "id": "ratio", "seeds": 1, "form": "ratio", "paper_gap": 9.0}]
+    claims.power_at_three_seeds(rows)
+    expected = (stats.t.ppf(0.975, 2) + stats.t.ppf(0.8, 2)) * 2.0 / np.sqrt(3)     # median sd 2.0
+    by = {r["id"]: r for r in rows}
+    assert by["one-big"]["mde3"] == pytest.approx(expected) and "would be detectable" in by["one-big"]["evidence"]
+    assert "too small still" in by["one-small"]["evidence"] and by["one-small"]["verdict"] == "underpowered"
+    assert by["ratio"]["mde3"] is None and by["three-a"]["mde3"] is None       # other units; decided claims
+
+
+def test_best_is_pairwise_not_against_each_seeds_luckiest_competitor(tmp_path):
+    """Three competitors, each 1 point above `ours` on one seed and 1 below on the others: no competitor beats ours
+    on average, but every seed has one that does. Per-seed "ours minus the best competitor of that seed" is -1 on
+    every seed and would fail the claim (the maximum of several noisy competitors is above each of them); the claim
+    is one paired comparison per competitor, and none of them is against ours."""
+    rows = [seeded("ours", [90.0, 90.0, 90.0])] + [
+        seeded(f"b{i}", [91.0 if s == i else 89.0 for s in range(3)]) for i in range(3)]
+    r = run(table(tmp_path, "t_table", rows), {"form": "best", "a": "ours"})
+    assert r["verdict"] in ("inconclusive", "underpowered") and r["effect"] == pytest.approx(1 / 3), r["evidence"]
+    rows.append(seeded("b3", [92.0, 92.5, 91.5]))       # one competitor above on every seed: fails
+    assert verdict(table(tmp_path, "t_table", rows), {"form": "best", "a": "ours"}) == "fails"

@@ -159,5 +159,7 @@ def test_combine():
     assert verdicts.combine(["holds", "holds"]) == "holds"
     assert verdicts.combine(["holds", "fails"]) == "fails"
     assert verdicts.combine(["holds", "inconclusive"]) == "inconclusive"
-    assert verdicts.combine(["inconclusive", "underpowered"]) == "underpowered"
+    assert verdicts.combine(["inconclusive", "underpowered"]) == "inconclusive"   # part of it was detectable
+    assert verdicts.combine(["holds", "underpowered"]) == "underpowered"
+    assert verdicts.combine(["fails", "holds"], "any") == "holds" and verdicts.combine(["fails", "fails"], "any") == "fails"
     assert verdicts.combine([]) == "not run"

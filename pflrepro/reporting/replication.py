@@ -463,7 +463,9 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
              "Against independent implementations: baselines the papers share were trained beside PFLlib's own code "
              "on one identical setting and three paired seeds (`scripts/crosscheck/pfllib.py`, which lists them; the "
              "table and what it can resolve: docs/evidence.md, \"Eight baselines against PFLlib\" and the methods "
-             "added beside them).\n"]
+             "added beside them), and FedAvg and pFedSD beside the pFedSD authors' own code (CGCL-codes/pFedSD, "
+             "`scripts/crosscheck/pfedsd_authors.py`; docs/evidence.md, \"FedAvg and pFedSD against the pFedSD "
+             "authors' code\").\n"]
     flagged = flagged_by_run([st for sts in papers.values() for st in sts])
     if flagged is not None:
         checked = [st for sts in papers.values() for st in sts if st.exists and st.health is not None]

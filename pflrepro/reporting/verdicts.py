@@ -170,6 +170,8 @@ def pooled_se(samples: list[Sample]) -> tuple[float, float]:
     var, df = 0.0, 0.0
     for s in samples:
         if s.values is not None and s.n >= 2:
+            if not np.all(np.isfinite(s.values)):   # a never-reached target (inf): no spread to size a test with
+                continue
             var += float(np.var(s.values, ddof=1)) / s.n
             df += s.n - 1
         elif s.se is not None:
@@ -212,9 +214,12 @@ def interval(samples: list[Sample], confidence: float = CONFIDENCE) -> tuple[tup
 
 # ------------------------------------------------------------------ decisions
 def decide(samples: list[Sample], region: Region, quantifier: str = "all", paper_effect: float | None = None,
-           guard: bool = False) -> Decision:
+           guard: bool = False, family: int = 1, strict_in: bool = False) -> Decision:
     """One comparison over its cells (module docstring). `guard`: a check that can only fail a claim (a trend's
-    steps): it 'holds' unless some cell is decidedly against at the Bonferroni level."""
+    steps): it 'holds' unless some cell is decidedly against at the Bonferroni level. `family`: how many such
+    comparisons the claim makes at once (a `best` claim: one per competitor): a comparison fails the claim only when
+    its interval at the Bonferroni level 1 - 0.05/family is against it (`strict_in`: and holds only at that level,
+    for a claim that needs one comparison of many to hold)."""
     usable = [s for s in samples if s.exact or s.values is None or s.n >= MIN_SEEDS]
     usable = [s for s in usable if s.exact or s.values is not None or (s.se is not None and s.se == s.se)]
     left_out = [s.name for s in samples if s not in usable]
@@ -226,18 +231,21 @@ def decide(samples: list[Sample], region: Region, quantifier: str = "all", paper
         return Decision("holds" if guard else "underpowered", point, None, "", n,
                         mde(samples) if n >= 2 else None, left_out=left_out, why=why)
     ci, method = interval(usable)
+    wide = ci if family <= 1 else interval(usable, 1 - (1 - CONFIDENCE) / family)[0]
     point = float(np.mean([s.point for s in usable]))
     k = len(usable)
     per_cell = []
     if k > 1 or guard:
         for s in usable:
-            c, _ = interval([s], 1 - (1 - CONFIDENCE) / max(k, 1))
+            c, _ = interval([s], 1 - (1 - CONFIDENCE) / (max(k, 1) * max(family, 1)))
             per_cell.append((s.name, region.side(*c) if c else "straddle"))
     against = [n for n, side in per_cell if side == "out"]
     for_ = [n for n, side in per_cell if side == "in"]
     seeds = min((s.n for s in usable if s.values is not None), default=0)
     d = Decision("inconclusive", point, ci, method, seeds, None, against, for_, left_out)
-    pooled = region.side(*ci)
+    pooled = region.side(*(wide if strict_in else ci))
+    if pooled == "out" and region.side(*wide) != "out":   # against at 95 %, not at the family's level
+        pooled = "straddle"
     if guard:
         d.verdict = "fails" if against else "holds"
         return d
@@ -267,14 +275,20 @@ def decide(samples: list[Sample], region: Region, quantifier: str = "all", paper
     return d
 
 
-def combine(decisions: list[str]) -> str:
-    """A claim made of several comparisons (a > b1 and a > b2; a trend's ends and its steps): all must hold."""
+def combine(decisions: list[str], mode: str = "all") -> str:
+    """A claim made of several comparisons (a > b1 and a > b2; a trend's ends and its steps): all must hold
+    (`mode` 'any': one must hold, and it fails only when all fail)."""
     if not decisions:
         return "not run"
-    if "fails" in decisions:
+    if mode == "any":
+        if "holds" in decisions:
+            return "holds"
+        if all(v == "fails" for v in decisions):
+            return "fails"
+    elif "fails" in decisions:
         return "fails"
-    if all(v == "holds" for v in decisions):
+    elif all(v == "holds" for v in decisions):
         return "holds"
-    if "underpowered" in decisions:
-        return "underpowered"
-    return "inconclusive"
+    if "inconclusive" in decisions:   # a part this profile could have seen and did not: evidence, not just power
+        return "inconclusive"
+    return "underpowered"
