@@ -97,7 +97,6 @@ Convention differences found in their code, and how this script handles them:
 from __future__ import annotations
 
 import argparse
-import csv
 import glob
 import gzip
 import hashlib
@@ -112,10 +111,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _shared import by_algorithm_and_metric, write_csv  # noqa: E402
 HERE = Path(__file__).resolve().parent
 DRIVER = HERE / "pfedsd_authors_driver.py"
 _spec = importlib.util.spec_from_file_location("pfedsd_authors_driver", DRIVER)
@@ -430,27 +430,12 @@ def per_seed_table(rows: list, rounds: int, last: int) -> list[dict]:
 def summary_table(per_seed: list) -> list[dict]:
     """Per (algorithm, metric): means over seeds, the paired difference ours - theirs and its 95 % t interval."""
     out = []
-    for key in dict.fromkeys((r["algorithm"], r["metric"]) for r in per_seed):
-        sel = [r for r in per_seed if (r["algorithm"], r["metric"]) == key]
-        d = np.array([r["diff"] for r in sel], dtype=float)
-        mean, lo, hi = float(d.mean()), float("nan"), float("nan")
-        if len(d) >= 2:
-            sem = float(stats.sem(d))
-            lo, hi = (mean, mean) if sem == 0 else map(float, stats.t.interval(0.95, len(d) - 1, loc=mean, scale=sem))
-        out.append({"algorithm": key[0], "metric": key[1], "n_seeds": len(d),
+    for key, sel, mean, lo, hi in by_algorithm_and_metric(per_seed):
+        out.append({"algorithm": key[0], "metric": key[1], "n_seeds": len(sel),
                     "ours": float(np.mean([r["ours"] for r in sel])), "theirs": float(np.mean([r["theirs"] for r in sel])),
                     "diff": mean, "ci95_low": lo, "ci95_high": hi,
                     "ci_covers_0": bool(lo <= 0 <= hi) if np.isfinite(lo) else ""})
     return out
-
-
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
 
 
 # ---------------------------------------------------------------- the comparison

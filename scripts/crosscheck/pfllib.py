@@ -93,7 +93,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")   # before torch is imported
 
 import argparse  # noqa: E402
-import csv  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
@@ -103,11 +102,12 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from scipy import stats  # noqa: E402
 from torch import nn  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _shared import by_algorithm_and_metric, write_csv  # noqa: E402
 import pflrepro  # noqa: E402
 from pflrepro.data.models import MODELS, SplitModel, register_model  # noqa: E402
 from pflrepro.federation.build import build_data, build_partition  # noqa: E402
@@ -422,29 +422,14 @@ def per_seed_table(rows: list, rounds: int, last: int) -> list[dict]:
 def summary_table(per_seed: list) -> list[dict]:
     """Per (algorithm, metric): means over seeds, the paired difference and its 95 % t interval."""
     out = []
-    for key in dict.fromkeys((r["algorithm"], r["metric"]) for r in per_seed):
-        sel = [r for r in per_seed if (r["algorithm"], r["metric"]) == key]
-        d = np.array([r["diff"] for r in sel])
-        mean, lo, hi = float(d.mean()), np.nan, np.nan
-        if len(d) >= 2:
-            sem = float(stats.sem(d))
-            lo, hi = (mean, mean) if sem == 0 else map(float, stats.t.interval(0.95, len(d) - 1, loc=mean, scale=sem))
+    for key, sel, mean, lo, hi in by_algorithm_and_metric(per_seed):
         note = ""
         if MAPPING[key[0]].get("pm_is_gm") and key[1].startswith("pm"):
             note = "PFLlib's PM is its global model (docstring, convention 12): compare gm_local"
         side = {k: float(np.mean([r[k] for r in sel])) for k in ("ours", "pfllib")}
-        out.append({"algorithm": key[0], "metric": key[1], "n_seeds": len(d), **side,
+        out.append({"algorithm": key[0], "metric": key[1], "n_seeds": len(sel), **side,
                     "diff": mean, "ci95_low": lo, "ci95_high": hi, "note": note})
     return out
-
-
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
 
 
 def parse_args(argv=None):
