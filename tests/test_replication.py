@@ -166,11 +166,13 @@ def test_readme_block_gets_the_summary_and_its_stamp():
            "inconclusive": 2, "underpowered": 0, "by design": 0, "not run": 0, "independent": 3, "compute_s": 65.0,
            "note": ""}
     text = f"# R\n\nintro\n{README_START}\nold table\n{README_END}\nafter\n"
-    out = readme_with_summary(text, [row], "Measured at commit abc.")
+    out = readme_with_summary(text, [{**row, "headline": "1 fails of 1 (best: fails)"}], "Measured at commit abc.")
+    assert "- **Paper X** (mini): 1 fails of 1 (best: fails)" in out        # the headline claims, apart
     assert out.startswith("# R\n\nintro\n" + README_START) and out.endswith(README_END + "\nafter\n")
     assert "old table" not in out and "| Paper X | mini | 2 of 2 | 3 | 0 | 1 | 2 | 0 | 0 | 0 | 3 |" in out \
         and "Measured at commit abc." in out
-    assert readme_with_summary(out, [row], "Measured at commit abc.") == out          # idempotent
+    assert readme_with_summary(out, [{**row, "headline": "1 fails of 1 (best: fails)"}],
+                               "Measured at commit abc.") == out          # idempotent
     with pytest.raises(ValueError, match="report-summary"):
         readme_with_summary("# no markers\n", [row], "")
 

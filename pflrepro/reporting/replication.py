@@ -553,7 +553,9 @@ def readme_with_summary(readme: str, summary: list[dict], stamp: str) -> str:
         raise ValueError(f"README needs one {README_START} ... {README_END} block for the summary")
     head, rest = readme.split(README_START)
     _, tail = rest.split(README_END)
-    return f"{head}{README_START}\n{summary_markdown(summary, link=False)}\n{stamp}\n{README_END}{tail}"
+    top = headline_markdown(summary)
+    return (f"{head}{README_START}\n{summary_markdown(summary, link=False)}\n" + (f"{top}\n" if top else "")
+            + f"{stamp}\n{README_END}{tail}")
 
 
 def verdict_metrics(summary: list[dict]) -> dict:
