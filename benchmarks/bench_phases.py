@@ -129,7 +129,7 @@ def run_side(path: Path, sample: list, threads: int, quick: bool) -> dict:
     return {"start": lines[0]["start"], "runs": {r["run"]: r for r in lines[1:]}}
 
 
-def _row(label: str, side: str, commit: str, r: dict, start: float) -> dict:
+def _row(label: str, side: str, commit: str, r: dict) -> dict:
     wall = r["wall"]
     known = sum(r.get(p, 0.0) for p in PHASES[1:-1])
     flops = r.get("train_flops") or float("nan")
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     rows = []
     for label in labels:
         for side, path in sides:
-            rows.append(_row(label, side, _commit(path), best[(side, label)], starts[side]))
+            rows.append(_row(label, side, _commit(path), best[(side, label)]))
         if a.baseline:
             rows[-1]["ratio_base_over_current"] = round(best[("baseline", label)]["wall"] / best[("current", label)]["wall"], 2)
     tot = {side: sum(best[(side, lb)]["wall"] for lb in labels) for side, _ in sides}

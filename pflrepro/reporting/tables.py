@@ -5,6 +5,7 @@ read here only to be shown *beside* reproduced values, never used as results.
 """
 from __future__ import annotations
 
+import functools
 import io
 import re
 from pathlib import Path
@@ -58,15 +59,22 @@ def tidy(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@functools.lru_cache(maxsize=4096)
+def _split_sizes(run_path: str) -> dict[str, list[int]]:
+    """{'train': [...], 'test': [...]}: each client's split sizes from a run's stored partition, read once per run
+    (a notebook's tables call for them several times)."""
+    with np.load(Path(run_path) / "partition.npz") as z:
+        return {part: [int(z[f"{part}_{k}"].shape[0]) for k in range(sum(1 for f in z.files if f.startswith(part + "_")))]
+                for part in ("train", "test")}
+
+
 def min_test(run_path: Path) -> float:
     """The smallest local test set of a run's clients (images), from its stored partition; nan where it has none.
     One image of a 7-image test set is 14 points of that client's accuracy: the claims ledger names such cells."""
     try:
-        with np.load(Path(run_path) / "partition.npz") as z:
-            sizes = [z[k].shape[0] for k in z.files if k.startswith("test_")]
+        sizes = [n for n in _split_sizes(str(run_path))["test"] if n > 0]
     except (OSError, ValueError, TypeError):   # no stored partition (a run built in memory)
         return float("nan")
-    sizes = [n for n in sizes if n > 0]
     return float(min(sizes)) if sizes else float("nan")
 
 
@@ -344,9 +352,7 @@ def client_accuracies(results: dict, at: str = "best", metric: str = "pm_acc_mea
 
 def train_sizes(run_path: Path) -> list[int]:
     """Each client's training-set size, from a run's stored partition."""
-    with np.load(Path(run_path) / "partition.npz") as z:
-        n = sum(1 for f in z.files if f.startswith("train_"))
-        return [int(z[f"train_{k}"].shape[0]) for k in range(n)]
+    return _split_sizes(str(run_path))["train"]
 
 
 SIZE_GROUPS = ("smallest 25%", "25-50%", "50-75%", "largest 25%")
