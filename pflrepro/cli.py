@@ -12,6 +12,11 @@ script). `python -m pflrepro VERB -h` describes each.
     python -m pflrepro cost pfedsd_table2 [--profile paper]
     python -m pflrepro tune perfed_ckt_table1 --profile mini [--methods fedavg] [--apply]
     python -m pflrepro prune [--results DIR] [--dry-run]
+
+`train`, `cost` and `tune` take `run`'s key=value settings too, applied to every run of their grids (the last
+layer, pflrepro.pipeline.experiments.grid), and `seeds=[0,1]` for the profile's seeds:
+
+    python -m pflrepro train pfedsd_table2 --profile paper device=cuda rounds=3 seeds=[0]
 """
 from __future__ import annotations
 
@@ -25,18 +30,37 @@ from .params import ConfigError
 
 
 def parse_overrides(pairs: list[str]) -> dict:
-    """`a=1 b.c=x` -> {"a": 1, "b": {"c": "x"}}; values parsed as YAML scalars/lists."""
+    """`a=1 b.c=x` -> {"a": 1, "b": {"c": "x"}}; values parsed as YAML scalars/lists. A pair that is not key=value,
+    or whose value is not YAML, is a ConfigError naming it."""
     out: dict = {}
     for p in pairs:
-        if "=" not in p:
-            raise SystemExit(f"expected key=value, got {p!r}")
-        key, val = p.split("=", 1)
+        key, eq, val = p.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"expected key=value, got {p!r}")
         node = out
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(val)
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}={val}: {part} is set to a value, not settings, by an earlier override")
+        try:
+            node[leaf] = yaml.safe_load(val)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{key}={val}: not a YAML value ({str(e).splitlines()[0]})") from None
     return out
+
+
+def _gather_overrides(a, extras: list[str]) -> list[str]:
+    """A verb with `overrides` collects every key=value of its command line, wherever it stands: argparse gives a
+    `names` (nargs="+") the ones after the names, and leaves those after an option unparsed. Returns the rest."""
+    if not hasattr(a, "overrides"):
+        return extras
+    pairs = [x for x in getattr(a, "names", None) or () if "=" in x]
+    if pairs:
+        a.names = [x for x in a.names if "=" not in x]
+    pairs += a.overrides + [x for x in extras if "=" in x and not x.startswith("-")]
+    a.overrides = pairs
+    return [x for x in extras if "=" not in x or x.startswith("-")]
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -84,6 +108,11 @@ def _add_report(sub) -> None:
                                              "summary): every stage, its provenance and compute, the claims"))
 
 
+GRID_OVERRIDES = ("run settings as for `run` (device=cuda, rounds=3, hparams.mu=0.1, clock.sigma=1), applied to every "
+                  "run; seeds=[0,1] replaces the profile's seeds (seed and algorithm are the grid's own); an hparams.X "
+                  "only suits grids whose algorithms all have X")
+
+
 def _add_train(sub) -> None:
     t = sub.add_parser("train", help="train every run some notebooks need, as one queue (their default profiles); "
                        "write the manifest of their runs")
@@ -94,6 +123,7 @@ def _add_train(sub) -> None:
     t.add_argument("--executor", help="where missing runs train: local (default: $PFLREPRO_EXECUTOR or local), "
                    "ray, ray:ADDRESS[,cpus=N,gpus=F,shared] (pflrepro.pipeline.executors)")
     t.add_argument("--progress", default="log", choices=["log", "bars", "none"])
+    t.add_argument("overrides", nargs="*", metavar="key=value", help=GRID_OVERRIDES)
 
 
 def _add_cost(sub) -> None:
@@ -103,6 +133,7 @@ def _add_cost(sub) -> None:
     c.add_argument("--profile", default="paper", help="profile to cost (default: paper)")
     c.add_argument("--jobs", type=int, help="runs at once on this machine (default: auto)")
     c.add_argument("--missing", action="store_true", help="count only runs not in the store yet")
+    c.add_argument("overrides", nargs="*", metavar="key=value", help=GRID_OVERRIDES)
 
 
 def _add_prune(sub) -> None:
@@ -246,17 +277,18 @@ def _prune(a) -> int:
 
 def _tune(a) -> int:
     from .pipeline import tune
-    return tune.run_cli(a)
+    return tune.run_cli(a, parse_overrides(a.overrides))
 
 
 def _cost(a) -> int:
     from .pipeline import budget
     from .pipeline.experiments import grid, load_profile
     from .pipeline.store import run_dir
+    overrides = parse_overrides(a.overrides)
     for name in a.names:   # a ConfigError: one line from main, like every verb's
-        cfgs = [c for c in grid(load_profile(name, a.profile)).values()
+        cfgs = [c for c in grid(load_profile(name, a.profile), overrides).values()
                 if not (a.missing and (run_dir(c) / "summary.json").exists())]
-        print(budget.describe(budget.grid_cost(cfgs, jobs=a.jobs), f"{name}/{a.profile}"))
+        print(budget.describe(budget.grid_cost(cfgs, jobs=a.jobs), " ".join([f"{name}/{a.profile}", *a.overrides])))
     return 0
 
 
@@ -266,7 +298,7 @@ def _train(a) -> int:
     from .pipeline.experiments import train_notebooks
     label = Path(a.out).stem if a.out else "train"
     manifest = train_notebooks(a.names, a.profile, a.jobs, {"log": "log", "bars": True, "none": False}[a.progress],
-                               label=label, executor=a.executor)
+                               label=label, executor=a.executor, overrides=parse_overrides(a.overrides) or None)
     text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -288,7 +320,12 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     for add, _ in VERBS.values():
         add(sub)
-    a = ap.parse_args(argv)
+    a, extras = ap.parse_known_args(argv)
+    extras = _gather_overrides(a, extras)
+    if extras:
+        ap.error(f"unrecognized arguments: {' '.join(extras)}")
+    if getattr(a, "names", None) == []:   # only key=value pairs where notebook names belong
+        ap.error(f"{a.cmd}: name at least one notebook (params/<name>.yaml) before its key=value settings")
     try:  # a setting the data refuses (n_clients above the pool's samples) is a config error too: one line
         return VERBS[a.cmd][1](a)
     except ConfigError as e:

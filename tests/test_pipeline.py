@@ -28,6 +28,16 @@ def test_every_file_has_three_valid_profiles(name):
         assert configs, (name, prof)
 
 
+def test_paper_profiles_train_on_cuda_where_present_and_the_offline_ones_on_the_cpu():
+    """Issue 32: 28 of 39 paper profiles said device 'cpu', so a GPU cluster trained them on one CPU thread. Every
+    paper config now says 'auto' (CUDA where available); smoke and mini stay 'cpu' (their runs' addresses, and the
+    default repro's bit-identical results on every machine, do not depend on a GPU being present)."""
+    for name in PARAM_FILES:
+        for prof in experiments.PROFILES:
+            devices = {c.device for c in experiments.grid(experiments.load_profile(name, prof)).values()}
+            assert devices == ({"auto"} if prof == "paper" else {"cpu"}), (name, prof, devices)
+
+
 @functools.lru_cache(maxsize=None)   # read once per session: collection builds several parametrizations from it
 def _paper_configs():
     """Every distinct paper-profile config of every params file (seeds and configs shared between

@@ -10,7 +10,12 @@ tests/test_executors.py).
     "ray:ADDRESS,cpus=4,gpus=0.5,shared"   options after the address (the address may be left empty: "ray:,cpus=2")
         cpus    CPUs per run, and its torch threads (default 1)
         gpus    GPUs per run, a fraction shares one (default: 1 when the cluster has GPUs and the runs' device is
-                "auto" or "cuda", else 0)
+                "auto" or "cuda", else 0; by default a device="cpu" run reserves none). gpus > 0 means CUDA in the
+                task: runs that say device="cpu" are refused with it (they would hold a GPU they never use), and so
+                are device="cuda" runs with gpus=0. A fraction f < 1 caps the task's CUDA memory at f of its GPU
+                (torch.cuda.set_per_process_memory_fraction) and sets $PFLREPRO_GPU_FRACTION=f for the run, which
+                then checks before round 1 that it fits in its share (pflrepro.pipeline.gpu; a local user may set
+                that variable too)
         retries how often Ray reruns a task whose node or worker died (default 3)
         ship    seconds between checkpoints shipped to the driver's store (default SHIP_EVERY)
         shared  the store is a path that every node sees: tasks write into it directly. Without it nothing is
@@ -162,18 +167,8 @@ class RayExecutor:
             " per run" + (", shared store" if self.shared else "")
 
     def _gpus(self, configs, ray) -> float:
-        """GPUs per task; a clear error when no node of the cluster can hold a task (Ray would queue it forever)."""
-        devices = {c.device for c in configs}
-        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-        has = any(r.get("GPU", 0) > 0 for r in nodes)
-        if "cuda" in devices and not has:
-            raise ConfigError("device='cuda' runs, but the Ray cluster has no GPU")
-        gpus = self.gpus if self.gpus is not None else (1.0 if has and devices & {"auto", "cuda"} else 0.0)
-        if not any(r.get("CPU", 0) >= self.cpus and r.get("GPU", 0) >= gpus for r in nodes):
-            have = "; ".join(f"{r.get('CPU', 0):g} CPU, {r.get('GPU', 0):g} GPU" for r in nodes)
-            raise ConfigError(f"executor ray: a run asks for {self.cpus} CPU and {gpus:g} GPU, and no node of the "
-                              f"cluster has that ({have}): lower cpus= / gpus=, or add such a node")
-        return gpus
+        """GPUs per task of a run on CUDA (`gpu_share`, on the cluster's live nodes)."""
+        return gpu_share(configs, self.gpus, self.cpus, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
 
     def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False) -> None:
         from . import parallel, store
@@ -191,11 +186,13 @@ class RayExecutor:
                 here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
                 keeper = ray.remote(Keeper).options(num_cpus=0, scheduling_strategy=here,
                                                         runtime_env=env).remote(str(root))
-            task = ray.remote(_train_task).options(num_cpus=self.cpus, num_gpus=self._gpus(configs, ray),
-                                                   max_retries=self.retries, runtime_env=env)
+            share, remote = self._gpus(configs, ray), ray.remote(_train_task)
+            tasks = {g: remote.options(num_cpus=self.cpus, num_gpus=g, max_retries=self.retries, runtime_env=env)
+                     for g in {share, 0.0}}
             for cfg in sorted(configs, key=parallel.work, reverse=True):
-                refs[task.remote(cfg.to_dict(), store.code_fingerprint(cfg.algorithm), self.cpus,
-                                 str(root) if self.shared else None, keeper, self.ship)] = cfg
+                g = run_gpus(cfg, share)
+                refs[tasks[g].remote(cfg.to_dict(), store.code_fingerprint(cfg.algorithm), self.cpus,
+                                     str(root) if self.shared else None, keeper, self.ship, g)] = cfg
             while refs:
                 ready, _ = ray.wait(list(refs), num_returns=1)
                 cfg = refs.pop(ready[0])
@@ -213,6 +210,36 @@ class RayExecutor:
                 ray.kill(keeper)
             if started:
                 ray.shutdown()
+
+
+def gpu_share(configs: list[RunConfig], asked: float | None, cpus: int, nodes: list[dict]) -> float:
+    """GPUs per task of a run on CUDA (a device='cpu' run's is 0: `run_gpus`), from the executor's `gpus=` (`asked`,
+    None: its default) and the live nodes' resources (Ray's {"CPU": .., "GPU": ..}). A clear ConfigError, before any
+    task starts, when no node can hold a task (Ray would queue it forever), when runs that say device='cpu' would
+    reserve a GPU they never use, or device='cuda' runs none."""
+    devices = {c.device for c in configs}
+    has = any(r.get("GPU", 0) > 0 for r in nodes)
+    if "cuda" in devices and not has:
+        raise ConfigError("device='cuda' runs, but the Ray cluster has no GPU")
+    gpus = asked if asked is not None else (1.0 if has and devices & {"auto", "cuda"} else 0.0)
+    if not any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in nodes):
+        have = "; ".join(f"{r.get('CPU', 0):g} CPU, {r.get('GPU', 0):g} GPU" for r in nodes)
+        raise ConfigError(f"executor ray: a run asks for {cpus} CPU and {gpus:g} GPU, and no node of the "
+                          f"cluster has that ({have}): lower cpus= / gpus=, or add such a node")
+    on_cpu = sum(c.device == "cpu" for c in configs)
+    if asked is not None and asked > 0 and on_cpu:
+        raise ConfigError(f"executor ray: gpus={asked:g} reserves a GPU per run, but {on_cpu} runs say device='cpu': "
+                          f"set device=auto (or cuda), or gpus=0")
+    on_cuda = sum(c.device == "cuda" for c in configs)
+    if gpus == 0 and on_cuda:
+        raise ConfigError(f"executor ray: gpus=0 reserves no GPU, but {on_cuda} runs say device='cuda': set gpus= "
+                          f"(1, or a fraction to share one), or device=auto")
+    return gpus
+
+
+def run_gpus(cfg: RunConfig, share: float) -> float:
+    """GPUs one run's task reserves: the grid's share (`gpu_share`), none for a device='cpu' run."""
+    return 0.0 if cfg.device == "cpu" else share
 
 
 def _ray():
@@ -313,30 +340,33 @@ class _Shipper:
         self.thread.join()
 
 
-def _train_task(cfg_dict: dict, fingerprint: str, threads: int, shared_root: str | None, keeper, ship: float):
+def _train_task(cfg_dict: dict, fingerprint: str, threads: int, shared_root: str | None, keeper, ship: float,
+                gpus: float = 0.0):
     """One run, as a Ray task: trains (or resumes) it and returns its files, or None when it wrote them into a
-    shared store itself."""
+    shared store itself. `gpus`, the GPUs the task reserved (an execution setting, never in the run's config): a
+    fraction f < 1 caps this process's CUDA memory at f and has the run check that it fits (gpu.share)."""
     import torch
 
-    from . import store
+    from . import gpu, store
     from .progress import HEARTBEAT
     cfg = RunConfig.from_dict(cfg_dict)
     if store.code_fingerprint(cfg.algorithm) != fingerprint:
         raise RuntimeError(f"this node's pflrepro ({store.__file__}) differs from the driver's in code that changes "
                            f"{cfg.algorithm}'s results: install the driver's version on every node")
     torch.set_num_threads(threads)
-    if shared_root is not None:
-        store.run(cfg, root=shared_root, progress=False)
-        return None
-    import ray
-    with tempfile.TemporaryDirectory(prefix="pflrepro-run-") as tmp:
-        path = store.run_dir(cfg, tmp)
-        path.mkdir(parents=True)
-        for f, blob in ray.get(keeper.fetch.remote(path.name)).items():
-            (path / f).write_bytes(blob)
-        with _Shipper(path, keeper, ship):
-            store.run(cfg, root=tmp, progress=False)
-        return {f.name: f.read_bytes() for f in path.iterdir() if f.is_file() and f.name != HEARTBEAT}
+    with gpu.share(gpus):
+        if shared_root is not None:
+            store.run(cfg, root=shared_root, progress=False)
+            return None
+        import ray
+        with tempfile.TemporaryDirectory(prefix="pflrepro-run-") as tmp:
+            path = store.run_dir(cfg, tmp)
+            path.mkdir(parents=True)
+            for f, blob in ray.get(keeper.fetch.remote(path.name)).items():
+                (path / f).write_bytes(blob)
+            with _Shipper(path, keeper, ship):
+                store.run(cfg, root=tmp, progress=False)
+            return {f.name: f.read_bytes() for f in path.iterdir() if f.is_file() and f.name != HEARTBEAT}
 
 
 # ---------------------------------------------------------------- choosing one

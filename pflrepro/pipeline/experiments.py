@@ -12,10 +12,11 @@ A params file looks like
         methods:  {fedavg: {}, fedprox: {hparams: {mu: 0.001}}} # method -> overrides
 
 and each run is base <- per_dataset[dataset]["*"] <- setting <- method <- per_dataset[dataset][method]
-<- setting.per_method[method] <- {algorithm, seed}. A method entry may name its `algorithm` (for variants of one algorithm); by
-default the method name is the algorithm. `per_dataset` holds the paper's per-dataset choices
-(e.g. FedProx's mu, FedPer's head) once, for every table. `overrides` (same shape as a profile) is
-merged on top, which is how papermill sweeps set one value.
+<- setting.per_method[method] <- {algorithm, seed} <- the command line's run settings (`key=value` of `train`,
+`cost` and `tune`: `grid`'s `overrides`, whose `seeds=[..]` replaces the seeds). A method entry may name its
+`algorithm` (for variants of one algorithm); by default the method name is the algorithm. `per_dataset` holds the
+paper's per-dataset choices (e.g. FedProx's mu, FedPer's head) once, for every table. `load_profile`'s `overrides`
+(same shape as a profile) is merged on top, which is how papermill sweeps set one value.
 
 A file may `inherit: <other>`: its profiles start from the other file's (`base`, `per_dataset`
 and `extra` merge key by key; `seeds`, `settings` and `methods` are replaced whole). A file
@@ -120,8 +121,32 @@ def merge_run(base: dict, over: dict | None) -> dict:
     return merge(base, over)
 
 
-def grid(p: dict) -> dict:
-    """{(method, setting, seed): RunConfig}, every config validated before anything runs."""
+def run_overrides(p: dict, overrides: dict | None) -> tuple[list, dict]:
+    """(the seeds to run, the run-setting layer) of command-line `overrides` on profile `p`: `seeds=[..]` replaces
+    the profile's seeds (a non-empty list of ints >= 0); every other key is a run setting (checked by
+    RunConfig.from_dict in `grid`). `seed` and `algorithm` are refused: a grid's seeds and methods set them."""
+    layer = dict(overrides or {})
+    where = f"[{p['name']}/{p['profile']}]"
+    for key, instead in (("seed", "seeds=[...] replaces the profile's seeds"),
+                         ("algorithm", "each method of the grid names its algorithm")):
+        if key in layer:
+            raise ConfigError(f"{where} {key}={layer[key]!r}: not an override of a grid; {instead}")
+    if "seeds" not in layer:
+        return p["seeds"], layer
+    seeds = layer.pop("seeds")
+    if not (isinstance(seeds, list) and seeds
+            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)):
+        raise ConfigError(f"{where} seeds={seeds!r}: expected a non-empty list of integers >= 0, e.g. seeds=[0,1]")
+    return seeds, layer
+
+
+def grid(p: dict, overrides: dict | None = None) -> dict:
+    """{(method, setting, seed): RunConfig}, every config validated before anything runs.
+
+    `overrides` (the command line's `key=value`s, nested: {"hparams": {"mu": 0.1}}) is the last layer of every run;
+    its `seeds` replaces the profile's (run_overrides). An hparams key suits only grids whose algorithms all have it:
+    the others' configs are refused, naming the method."""
+    seeds, last = run_overrides(p, overrides)
     out = {}
     for setting, s_over in (p.get("settings") or {"default": {}}).items():
         s_over = dict(s_over or {})
@@ -136,12 +161,12 @@ def grid(p: dict) -> dict:
                 continue
             m_over = dict(m_over or {})
             algorithm = m_over.pop("algorithm", method)
-            for seed in p["seeds"]:
-                ds = merge(merge(p["base"], s_over), m_over).get("dataset")
+            for seed in seeds:
+                ds = merge(merge(merge(p["base"], s_over), m_over), last).get("dataset")  # an override's too
                 per_ds = (p.get("per_dataset") or {}).get(ds) or {}
                 d = p["base"]
                 for layer in (per_ds.get("*"), s_over, m_over, per_ds.get(method), per_method.get(method),
-                              {"algorithm": algorithm, "seed": seed}):
+                              {"algorithm": algorithm, "seed": seed}, last):
                     d = merge_run(d, layer)
                 try:
                     out[(method, setting, seed)] = RunConfig.from_dict(d)
@@ -223,22 +248,25 @@ def output_dirs(name: str, out_dir: str | None) -> tuple[Path, Path, Path]:
 
 
 def train_notebooks(names: list[str], profile: str | None = None, jobs: int | str | None = None,
-                    progress: bool | str = "log", label: str = "train", executor=None) -> dict:
+                    progress: bool | str = "log", label: str = "train", executor=None,
+                    overrides: dict | None = None) -> dict:
     """Train every run the notebooks `names` need (each at its params file's default profile, or `profile`),
     as one grid: runs shared between tables train once, and all of a paper's runs queue together, longest
     first, so `jobs` processes stay busy instead of waiting at the end of each notebook's short grid.
-    The notebooks then find every run stored and only render. Returns the manifest
+    `overrides` (run settings, `seeds`: `grid`) apply to every run; every grid is built and validated before any
+    run trains. The notebooks then find every run stored and only render. Returns the manifest
     {"profile", "notebooks": {name: [run dirs]}}: run directory names are content addresses (config +
     code), so the manifest changes exactly when a notebook's runs do (a DVC dependency of its stage)."""
     configs, paper = {}, False
     for name in names:
         P = load_profile(name, profile)
         paper |= P["profile"] == "paper"
-        for (method, setting, seed), cfg in grid(P).items():
+        for (method, setting, seed), cfg in grid(P, overrides).items():
             configs[(name, f"{name}: {method}", setting, seed)] = cfg
     done = run_grid({key[1:]: cfg for key, cfg in configs.items()}, root=results_root() / "runs",
                     progress=progress, jobs=jobs, name=label, executor=executor, announce_cost=paper)
     dirs = {name: set() for name in names}
     for name, *key in configs:
         dirs[name].add(Path(done[tuple(key)].path).name)
-    return {"profile": profile or "default", "notebooks": {n: sorted(d) for n, d in dirs.items()}}
+    return {"profile": profile or "default", "notebooks": {n: sorted(d) for n, d in dirs.items()},
+            **({"overrides": overrides} if overrides else {})}

@@ -61,8 +61,8 @@ def resolve_jobs(jobs, configs: list[RunConfig]) -> int:
     if isinstance(jobs, str) and jobs.strip().isdigit():
         jobs = int(jobs)
     if jobs == "auto":
-        from ..federation.build import resolve_device
-        if any(resolve_device(c.device).type != "cpu" for c in configs):
+        from .gpu import device
+        if any(device(c.device).type != "cpu" for c in configs):
             return 1  # one accelerator: runs would only queue for it
         jobs = min(cpu_cores(), max(1, int(_available_gib() // GIB_PER_JOB)))
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:

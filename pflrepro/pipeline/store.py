@@ -34,11 +34,12 @@ import torch
 from ..algorithms import ALGORITHMS
 from ..core.context import Context
 from ..core.loop import run_rounds
-from ..federation.build import build_context, build_partition, resolve_device
+from ..federation.build import build_context, build_partition
 from ..federation.config import RunConfig
 from ..params import ConfigError
 from ..paths import REPO_ROOT, results_root
 from ..version import __version__
+from . import gpu
 from .progress import HEARTBEAT, Heartbeat
 
 METRICS = ("gm_acc", "pm_acc_mean", "pm_acc_weighted", "pm_acc_std", "pm_acc_min")
@@ -144,9 +145,9 @@ def load_result(path: Path) -> RunResult:
 
 def _prepare(cfg: RunConfig, path: Path, force: bool):
     """(checkpoint to resume from or None, context, algorithm) of a run whose folder is `path` (created here)."""
+    device = gpu.device(cfg.device)   # 'cuda' without CUDA: refused before the folder exists
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
-    device = resolve_device(cfg.device)
     start = None
     if (path / "checkpoint.pt").exists() and not force:
         start = torch.load(path / "checkpoint.pt", map_location=device, weights_only=True)
@@ -179,8 +180,11 @@ def run(cfg: RunConfig | dict, *, root: Path | str | None = None, progress: bool
         return load_result(path)
     _warn_torch_first()
     created = not path.exists()
-    try:   # a setting the data refuses (more clients than samples) is refused here: leave no folder behind
+    # a setting the data refuses (more clients than samples), or a GPU share ($PFLREPRO_GPU_FRACTION) the run cannot
+    # fit in (gpu.fit, before round 1), is refused here: leave no folder behind
+    try:
         start, ctx, algo = _prepare(cfg, path, force)
+        gpu.fit(ctx, algo, start)
     except ConfigError:
         if created:
             shutil.rmtree(path, ignore_errors=True)

@@ -1,7 +1,7 @@
 """Grid search over a notebook's methods, as PerFed-CKT's appendix E tuned every baseline, and the choice recorded
 in the notebook's params.
 
-    python -m pflrepro tune perfed_ckt_table1 --profile mini [--methods fedavg,perfed_ckt_c1] [--apply]
+    python -m pflrepro tune perfed_ckt_table1 --profile mini [--methods fedavg,perfed_ckt_c1] [--apply] [rounds=2 ..]
 
 The search space is data: `params/tune/<notebook>.yaml` gives, per profile, a `space` every method searches
 (dotted run settings: `lr`, `batch_size`, `hparams.tau`, ...) and `per_method` spaces added for methods whose
@@ -91,21 +91,35 @@ def only(P: dict, method: str, spec: dict) -> dict:
     return {**P, "methods": {method: spec}, **({"settings": settings} if "settings" in P else {})}
 
 
-def search_configs(P: dict, spec: dict, methods: list[str] | None = None) -> tuple[dict, dict]:
+def dotted(tree: dict, prefix: str = "") -> list[str]:
+    """`nest`'s inverse, keys only: {"hparams": {"lam": 2}, "lr": 0.1} -> ["hparams.lam", "lr"]."""
+    return [k for key, v in tree.items()
+            for k in (dotted(v, f"{prefix}{key}.") if isinstance(v, dict) and v else [f"{prefix}{key}"])]
+
+
+def search_configs(P: dict, spec: dict, methods: list[str] | None = None,
+                   overrides: dict | None = None) -> tuple[dict, dict]:
     """({(label, setting, seed): RunConfig}, {label: (method, point as JSON)}) for every method's every grid point,
-    every config validated first; a label reads "method @ point" in progress lines."""
+    every config validated first; a label reads "method @ point" in progress lines. `overrides` (the command line's
+    run settings, experiments.grid) apply to every point; one that sets a searched key is refused (every point would
+    be the same run)."""
     methods = methods or spec.get("methods") or list(P["methods"])
     unknown = sorted(set(methods) - set(P["methods"]))
     if unknown:
         raise ConfigError(f"methods {unknown} are not in params/{P['name']}.yaml:{P['profile']} "
                           f"({', '.join(P['methods'])})")
+    searched = {k for method in methods for k in method_space(spec, method)}
+    clash = [k for k in dotted(overrides or {}) if k in searched or any(s.startswith(k + ".") for s in searched)]
+    if clash:
+        raise ConfigError(f"[{P['name']}/{P['profile']}] {clash[0]}: `tune` searches it (params/tune/{P['name']}.yaml:"
+                          f"{P['profile']}); an override may set only what the search leaves fixed")
     configs, meta = {}, {}
     for method in methods:
         for pt in points(method_space(spec, method)):
             label = f"{method} @ " + " ".join(f"{k}={v}" for k, v in pt.items())
             meta[label] = (method, json.dumps(pt, sort_keys=True))
             Q = only(P, method, merge(P["methods"][method] or {}, nest(pt)))
-            for (_, setting, seed), cfg in grid(Q).items():
+            for (_, setting, seed), cfg in grid(Q, overrides).items():
                 configs[(label, setting, seed)] = cfg
     return configs, meta
 
@@ -191,10 +205,11 @@ def apply(path: Path, profile: str, chosen: dict) -> None:
 
 
 def tune(name: str, profile: str, methods: list[str] | None = None, jobs=None, progress="log", executor=None,
-         write: bool = False, stat: str = "best") -> dict:
+         write: bool = False, stat: str = "best", overrides: dict | None = None) -> dict:
+    """Search, score, choose; `overrides` (run settings for every point, experiments.grid) go into chosen.yaml."""
     P = load_profile(name, profile)
     spec = load_space(name, profile)
-    configs, meta = search_configs(P, spec, methods)
+    configs, meta = search_configs(P, spec, methods, overrides)
     results, diverged = run_tolerating_divergence(configs, results_root() / "runs", progress=progress, jobs=jobs,
                                                   name=f"tune {name}", executor=executor)
     df = scores(results, meta, P["metric"], stat, diverged)
@@ -203,7 +218,8 @@ def tune(name: str, profile: str, methods: list[str] | None = None, jobs=None, p
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "scores.csv", index=False)
     (out / "chosen.yaml").write_text(yaml.safe_dump({"notebook": name, "profile": profile, "metric": P["metric"],
-                                                     "stat": stat, "runs": len(df), "chosen": chosen},
+                                                     "stat": stat, "runs": len(df), "chosen": chosen,
+                                                     **({"overrides": overrides} if overrides else {})},
                                                     sort_keys=False))
     if write:
         apply(REPO_ROOT / "params" / f"{name}.yaml", profile, chosen)
@@ -218,14 +234,20 @@ def add_arguments(t) -> None:
     t.add_argument("--executor", help="local (default) or ray[:ADDRESS,...] (pflrepro.pipeline.executors)")
     t.add_argument("--stat", default="best", choices=["best", "last_mean", "final"],
                    help="which summary of the metric scores a run (default: best round, as the tables)")
-    t.add_argument("--apply", action="store_true", help="write the chosen values into params/<name>.yaml")
+    t.add_argument("--apply", action="store_true", help="write the chosen values into params/<name>.yaml (a choice "
+                   "made under overrides too: chosen.yaml records them)")
+    t.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="run settings as for `run` (rounds=2, clock.sigma=1), applied to every run of the search; "
+                   "seeds=[0,1] replaces the profile's seeds; a key the space searches, seed and algorithm are "
+                   "refused; an hparams.X only suits grids whose algorithms all have X")
 
 
-def run_cli(a) -> int:
+def run_cli(a, overrides: dict | None = None) -> int:
+    """`tune`'s verb; `overrides`: its key=value run settings, parsed (pflrepro.cli.parse_overrides)."""
     import sys
     try:
         r = tune(a.name, a.profile, a.methods.split(",") if a.methods else None, a.jobs, "log", a.executor,
-                 a.apply, a.stat)
+                 a.apply, a.stat, overrides)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,497 @@
+"""The device check (issue 32): correctness, speed and paper-scale evidence on one CUDA machine, inside a budget.
+
+    PYTHONPATH=. python3 scripts/gpu_check.py --out DIR [--budget-s 540] [--device auto|cuda|cpu] [--tiny]
+
+For a bare CUDA machine lent for a few minutes: it needs nothing beyond a checkout and what a PyTorch image holds
+(torch >= 2.11, numpy, scipy, pandas, PyYAML; no pflrepro install, no network). Fashion-MNIST comes from the usual
+places (pflrepro.data.datasets: data/fmnist.pt, the Debian IDX files, or $PFLREPRO_DATA/FashionMNIST/raw/*.gz: copy
+the four IDX .gz files, 30 MB, beside the checkout). It stops itself inside `--budget-s` (each step gets a share; a
+step that finds no time left is skipped with a line saying so) and writes everything into DIR, at most 8 files:
+
+  gpu_check.md          the report: environment, each step's result and time, what was skipped
+  env.json              device, torch and CUDA versions, GPU name and memory, the determinism settings
+  correctness.csv       1. a round of every algorithm on the device; per-client vs batched engine on the same runs;
+                           the same run twice (bit-identical or not), with default and deterministic settings
+  bench_engines.csv     2. benchmarks/bench_engines.py on the device (conventional, per-client, batched engines; the
+                           matmul peak measured in the same run)
+  evidence.csv          3. paper-scale runs on Fashion-MNIST, the most decisive first (pFedSD Table 2's FMNIST rows at
+                           the paper's settings, three paired seeds), each run's best and final metric beside the paper
+  evidence_curves.csv      the same runs, every evaluated round
+  evidence_claims.csv      the paired comparisons those runs decide (pflrepro.reporting.verdicts' rule)
+  log.txt               everything printed
+
+`--tiny` shrinks every step to seconds (a few clients, one or two rounds, one benchmark workload): with `--device cpu`
+it runs in CI (tests/test_gpu_check.py), so the check cannot rot before the next GPU comes."""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import pflrepro  # noqa: F401, I001  (first: its thread settings must precede torch)
+import torch
+
+from pflrepro.algorithms import ALGORITHMS
+from pflrepro.pipeline.store import load_result, run, run_dir
+
+SMOKE = {"dataset": "fmnist", "subsample": 0.02, "n_clients": 4, "partition": "iid", "split": "random",
+         "split_params": {"fractions": [0.8, 0.2]}, "model": "cnn_cifar10", "rounds": 1, "local_epochs": 1,
+         "batch_size": 16, "lr": 0.05, "momentum": 0.9, "checkpoint_every": 1}
+ENGINE_ALGOS = ("fedavg", "pfedsd", "ditto", "fedrep", "scd")      # plan-based: both engines run them
+DETERMINISM_ALGOS = ("fedavg", "pfedsd")
+# Paper-scale slices, most decisive first: (params file, setting, methods, rounds or None for the paper's). pFedSD
+# Table 2's Fashion-MNIST rows are the only paper cells this project's offline data can reproduce exactly.
+SLICES = (("pfedsd_table2", "fmnist 100 clients", ("pfedsd", "fedper", "lg_fedavg", "fedavg"), None),
+          ("pfedsd_table2", "fmnist 20 clients", ("pfedsd", "fedper", "lg_fedavg", "fedavg"), None),
+          ("pfedsd_table2", "fmnist 100 clients", ("fedprox", "pfedme", "fedfomo"), None))
+SHARES = {"correctness": 0.2, "bench": 0.2}   # of the budget; the evidence gets the rest
+TINY_SHARES = {"correctness": 0.45, "bench": 0.2}
+
+
+class Clock:
+    def __init__(self, budget_s: float):
+        self.t0, self.budget = time.monotonic(), budget_s
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.t0)
+
+
+class Report:
+    """The log (printed and kept) and the markdown report."""
+
+    def __init__(self, out: Path):
+        self.out, self.lines, self.md = out, [], []
+
+    def say(self, *parts) -> None:
+        line = " ".join(str(p) for p in parts)
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def section(self, title: str, body: str = "") -> None:
+        self.md += [f"## {title}", "", body, ""] if body else [f"## {title}", ""]
+
+    def write(self) -> None:
+        (self.out / "log.txt").write_text("\n".join(self.lines) + "\n")
+        (self.out / "gpu_check.md").write_text("\n".join(self.md) + "\n")
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, cols)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def md_table(rows: list[dict], cols: list[str]) -> str:
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
+    return "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+                     + ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows])
+
+
+# ---------------------------------------------------------------- environment
+def environment(device: torch.device) -> dict:
+    env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": str(device),
+           "cuda_available": torch.cuda.is_available(), "threads": torch.get_num_threads(),
+           "cudnn_benchmark": torch.backends.cudnn.benchmark, "cudnn_deterministic": torch.backends.cudnn.deterministic,
+           "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+           "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+           "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), multiprocessors=p.multi_processor_count,
+                   cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+    try:
+        env["git"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                    timeout=10, check=False).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        env["git"] = None
+    return env
+
+
+# ---------------------------------------------------------------- 1. correctness
+def smoke_config(algorithm: str, device: str, **kw) -> dict:
+    cls = ALGORITHMS[algorithm]
+    hp = {k: 1 for k in cls.HPARAMS if k.endswith("_epochs") or k == "K"}   # one epoch of each extra phase
+    if "distill_steps" in cls.HPARAMS:
+        hp["distill_steps"] = 3
+    d = {**SMOKE, "algorithm": algorithm, "device": device, "hparams": hp, **kw}
+    if getattr(cls, "needs_public", False):
+        d["public"] = {"size": 40}
+    return d
+
+
+def _timed_run(cfg: dict, root: Path) -> tuple:
+    t0 = time.perf_counter()
+    res = run(cfg, root=root, progress=False)
+    return res, time.perf_counter() - t0
+
+
+def smoke_rounds(device: str, clock: Clock, until: float, root: Path, rep: Report) -> list[dict]:
+    rows = []
+    for a in sorted(ALGORITHMS):
+        if clock.left() < until:
+            rows.append({"check": "smoke round", "what": a, "ok": "skipped: budget"})
+            continue
+        try:
+            res, s = _timed_run(smoke_config(a, device), root)
+            h = res.history[-1]
+            ok = all(math.isfinite(v) for k, v in h.items() if k in ("pm_acc_mean", "train_loss"))
+            rows.append({"check": "smoke round", "what": a, "ok": ok, "seconds": round(s, 2),
+                         "pm_acc_mean": h.get("pm_acc_mean"), "train_loss": h.get("train_loss")})
+        except Exception as e:   # noqa: BLE001  (the check reports every failure and goes on)
+            rows.append({"check": "smoke round", "what": a, "ok": False, "error": f"{type(e).__name__}: {e}"[:300]})
+        rep.say(f"  smoke {a:<18} {rows[-1]['ok']} {rows[-1].get('seconds', '')}")
+    return rows
+
+
+def engines_agree(device: str, clock: Clock, until: float, root: Path, rep: Report) -> list[dict]:
+    rows = []
+    for a in ENGINE_ALGOS:
+        if clock.left() < until:
+            rows.append({"check": "engines agree", "what": a, "ok": "skipped: budget"})
+            continue
+        hist = {}
+        for engine in ("per_client", "batched"):
+            res, _ = _timed_run(smoke_config(a, device, rounds=2, engine=engine), root)
+            hist[engine] = res.history
+        keys = [k for k in ("gm_acc", "pm_acc_mean", "train_loss") if k in hist["batched"][0]]
+        diff = {k: max(abs(p[k] - b[k]) for p, b in zip(hist["per_client"], hist["batched"])) for k in keys}
+        ok = diff.get("train_loss", 0) < 1e-3 and diff.get("pm_acc_mean", 0) <= 0.02
+        rows.append({"check": "engines agree", "what": a, "ok": ok, **{f"max_diff_{k}": v for k, v in diff.items()}})
+        rep.say(f"  engines {a:<10} {ok} {diff}")
+    return rows
+
+
+def _numbers(res) -> list:
+    """Every metric of every evaluated round and every client's accuracy (wall-clock columns left out)."""
+    return [[v for k, v in sorted(h.items()) if not k.endswith("seconds")] for h in res.history] + res.per_client
+
+
+def deterministic() -> None:
+    """PyTorch's reproducibility settings (cuBLAS reads CUBLAS_WORKSPACE_CONFIG when its handle is made: so this
+    mode runs in a process of its own, `--twice-child`)."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
+def twice(device: str, mode: str, root: Path) -> list[dict]:
+    rows = []
+    for a in DETERMINISM_ALGOS:
+        cfg = smoke_config(a, device, rounds=2, seed=1)
+        first = _numbers(run(cfg, root=root / f"{mode}-1", progress=False))
+        second = _numbers(run(cfg, root=root / f"{mode}-2", progress=False))
+        diff = max(abs(x - y) for r1, r2 in zip(first, second) for x, y in zip(r1, r2))
+        rows.append({"check": f"same run twice ({mode})", "what": a, "ok": first == second, "max_diff": diff})
+    return rows
+
+
+def same_twice(device: str, clock: Clock, until: float, root: Path, rep: Report) -> list[dict]:
+    """The same config twice into two stores, with PyTorch's defaults here, then (a child process) with its
+    deterministic settings and CUBLAS_WORKSPACE_CONFIG=:4096:8."""
+    if clock.left() < until:
+        return [{"check": "same run twice", "what": ", ".join(DETERMINISM_ALGOS), "ok": "skipped: budget"}]
+    rows = twice(device, "default", root)
+    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    proc = subprocess.run([sys.executable, __file__, "--twice-child", device, str(root)], env=env, cwd=REPO,
+                          capture_output=True, text=True, check=False, timeout=max(clock.left() - until, 10))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ROWS ")]
+    rows += json.loads(lines[-1][5:]) if lines else [{"check": "same run twice (deterministic)", "what": "child",
+                                                       "ok": False, "error": proc.stderr[-300:]}]
+    for r in rows:
+        rep.say(f"  twice {r['check']:<32} {r['what']:<8} bit-identical={r['ok']} max diff {r.get('max_diff')}")
+    return rows
+
+
+def correctness(device: str, clock: Clock, stop_at: float, root: Path, rep: Report) -> list[dict]:
+    rows = engines_agree(device, clock, stop_at, root / "engines", rep)
+    rows += same_twice(device, clock, stop_at, root / "twice", rep)
+    return rows + smoke_rounds(device, clock, stop_at, root / "smoke", rep)
+
+
+# ---------------------------------------------------------------- 2. engine benchmark
+BENCH_WORKLOADS = ("a_mini", "c_mlp_b10", "b_paper_b64", "b_paper_b10")   # bench_engines.WORKLOADS, cheapest first
+
+
+def bench(device: str, seconds: float, tiny: bool, rep: Report) -> tuple[list[dict], str]:
+    """benchmarks/bench_engines.py, one workload per invocation (each measures the matmul peak beside its engines),
+    until the share of the budget is spent: a workload that would not finish is skipped, the others stay."""
+    rows, mds, t0 = [], [], time.monotonic()
+    for w in BENCH_WORKLOADS[1:2] if tiny else BENCH_WORKLOADS:
+        left = seconds - (time.monotonic() - t0)
+        if left < 15:
+            mds.append(f"- `{w}`: skipped, {max(left, 0):.0f} s of the step's share left")
+            continue
+        tmp = Path(tempfile.mkdtemp(prefix="gpu-check-bench-"))
+        cmd = [sys.executable, str(REPO / "benchmarks" / "bench_engines.py"), "--device", device, "--out", str(tmp),
+               "--workloads", w] + (["--quick"] if tiny else ["--rounds", "2"])
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=left, check=False)
+        except subprocess.TimeoutExpired:
+            mds.append(f"- `{w}`: stopped at the step's share of the budget ({seconds:.0f} s)")
+            continue
+        rep.say(proc.stderr[-2000:])
+        if proc.returncode != 0 or not (tmp / "bench_engines.csv").exists():
+            mds.append(f"- `{w}`: failed (exit {proc.returncode}): {proc.stderr[-400:]}")
+            continue
+        with open(tmp / "bench_engines.csv") as f:
+            rows += list(csv.DictReader(f))
+        md = (tmp / "bench_engines.md").read_text()
+        mds.append(md[md.index("| workload |"):] if "| workload |" in md else md)
+    return rows, "\n\n".join(mds)
+
+
+# ---------------------------------------------------------------- 3. paper-scale evidence
+def slice_configs(name: str, setting: str, methods, rounds, tiny: bool, device: str) -> dict:
+    from pflrepro.federation.config import RunConfig
+    from pflrepro.pipeline.experiments import grid, load_profile
+    p = load_profile(name, "paper")
+    over = {"device": device, "checkpoint_every": 5}
+    if tiny:
+        over.update(subsample=0.05, n_clients=10, participation=0.5, rounds=2, local_epochs=1)
+    elif rounds:
+        over["rounds"] = rounds
+    g = grid(p)
+    methods = methods[:2] if tiny else methods
+    return {(m, s): RunConfig.from_dict({**g[(m, st, s)].to_dict(), **over}) for m in methods
+            for (mm, st, s) in g if mm == m and st == setting and (not tiny or s == 0)}
+
+
+def launch(cfg, root: Path, log: Path, threads: int) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    code = ("import json,sys,pflrepro; from pflrepro.pipeline.store import run; "
+            "run(json.loads(sys.argv[1]), root=sys.argv[2], progress=False)")
+    return subprocess.Popen([sys.executable, "-c", code, json.dumps(cfg.to_dict()), str(root)], env=env,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def history_of(cfg, root: Path) -> tuple[list, bool]:
+    """(evaluated rounds, finished): a finished run's metrics, else its last checkpoint's."""
+    path = run_dir(cfg, root)
+    if (path / "summary.json").exists():
+        return load_result(path).history, True
+    if (path / "checkpoint.pt").exists():
+        return torch.load(path / "checkpoint.pt", map_location="cpu", weights_only=True)["history"], False
+    return [], False
+
+
+def run_slice(configs: dict, parallel: int, seconds: float, root: Path, rep: Report) -> dict:
+    """Every config as its own process, `parallel` at once, until done or `seconds` pass (the rest are stopped):
+    {key: ((history, finished), seconds it ran or None)}."""
+    root.mkdir(parents=True, exist_ok=True)
+    threads = max(1, (os.cpu_count() or 1) // parallel)
+    todo, running, began, took, t0 = list(configs.items()), {}, {}, {}, time.monotonic()
+    while (todo or running) and time.monotonic() - t0 < seconds:
+        while todo and len(running) < parallel:
+            key, cfg = todo.pop(0)
+            running[key] = launch(cfg, root, root / f"log-{key[0]}-{key[1]}.txt", threads)
+            began[key] = time.monotonic()
+        for key, proc in list(running.items()):
+            if proc.poll() is not None:
+                running.pop(key)
+                took[key] = time.monotonic() - began[key]
+                rep.say(f"    {key[0]} seed {key[1]}: exit {proc.returncode} after {took[key]:.0f} s")
+        time.sleep(0.5)
+    for key, proc in running.items():
+        proc.kill()
+        proc.wait()
+        took[key] = time.monotonic() - began[key]
+        rep.say(f"    {key[0]} seed {key[1]}: stopped at the budget after {took[key]:.0f} s")
+    return {key: (history_of(cfg, root), took.get(key)) for key, cfg in configs.items()}
+
+
+def paper_values(name: str) -> dict:
+    """{(dataset, setting, method): printed value} of the slice's paper table (paper_numbers/<paper_table>.csv)."""
+    import pandas as pd
+
+    from pflrepro.pipeline.experiments import read_params
+    table = read_params(name).get("paper_table")
+    path = REPO / "paper_numbers" / f"{table}.csv"
+    if not table or not path.exists():
+        return {}
+    df = pd.read_csv(path, comment="#")
+    return {(r.dataset, str(r.setting), r.method): float(r.value) for r in df.itertuples()}
+
+
+def evidence_rows(name: str, setting: str, configs: dict, done: dict, metric: str) -> tuple[list, list]:
+    paper = paper_values(name)
+    rows, curves = [], []
+    for (method, seed), cfg in configs.items():
+        (hist, finished), seconds = done[(method, seed)]
+        vals = [100 * h[metric] for h in hist]
+        best = max(vals) if vals else float("nan")
+        rows.append({"table": name, "setting": setting, "method": method, "seed": seed,
+                     "rounds_done": hist[-1]["round"] if hist else 0, "rounds": cfg.rounds, "finished": finished,
+                     f"best_{metric}": best, "best_round": hist[vals.index(best)]["round"] if vals else None,
+                     f"final_{metric}": vals[-1] if vals else float("nan"),
+                     "paper": paper.get((cfg.dataset, setting, method),
+                                        paper.get((cfg.dataset, setting.removeprefix(f"{cfg.dataset} "), method),
+                                                  float("nan"))),
+                     "seconds": round(seconds, 1) if seconds else None, "device": cfg.device})
+        curves += [{"table": name, "setting": setting, "method": method, "seed": seed, "round": h["round"],
+                    metric: 100 * h[metric]} for h in hist]
+    return rows, curves
+
+
+def slice_claims(rows: list[dict], curves: list[dict], metric: str) -> list[dict]:
+    """The slice's first method against each other, paired by seed (verdicts.decide: a 95 % interval over >= 3
+    seeds, the paper's own difference as the effect to detect). Each pair is compared at the rounds both runs reached:
+    the best round up to there (the paper's "best round"), so a run stopped by the budget is compared at its horizon,
+    and the row says so."""
+    import numpy as np
+
+    from pflrepro.reporting.verdicts import Region, Sample, decide
+    ref, planned = rows[0]["method"], rows[0]["rounds"]
+    done = {(r["method"], r["seed"]): r["rounds_done"] for r in rows}
+    paper = {r["method"]: r["paper"] for r in rows}
+
+    def best(method, seed, horizon):
+        return max(c[metric] for c in curves if c["method"] == method and c["seed"] == seed and c["round"] <= horizon)
+    out = []
+    for m in dict.fromkeys(r["method"] for r in rows if r["method"] != ref):
+        seeds = sorted(s for (mm, s), d in done.items() if mm == m and d and done.get((ref, s)))
+        horizons = [min(done[(ref, s)], done[(m, s)]) for s in seeds]
+        diffs = np.array([best(ref, s, h) - best(m, s, h) for s, h in zip(seeds, horizons)])
+        effect = paper[ref] - paper[m]
+        name = f"{ref} > {m} ({rows[0]['table']}, {rows[0]['setting']})"
+        at = f"rounds <= {min(horizons)} of {planned}" if horizons and min(horizons) < planned else f"{planned} rounds"
+        if not len(diffs):
+            out.append({"claim": name, "verdict": "not run", "seeds": 0, "paper_effect": effect})
+            continue
+        d = decide([Sample(name, float(diffs.mean()), values=diffs)], Region(">", 0.0),
+                   paper_effect=effect if math.isfinite(effect) else None)
+        out.append({"claim": name, "verdict": d.verdict, "seeds": len(diffs), "at": at, "effect": d.interval_text(),
+                    "paper_effect": effect, "per_seed": " ".join(f"{v:+.2f}" for v in diffs)})
+    return out
+
+
+def evidence(device: str, clock: Clock, tiny: bool, parallel: int, root: Path, rep: Report, which) -> tuple:
+    from pflrepro.pipeline.experiments import load_profile
+    rows, curves, claims, skipped = [], [], [], []
+    for name, setting, methods, rounds in [SLICES[i] for i in which][:1 if tiny else None]:
+        left = clock.left() - 15     # keep time to write the report
+        if left < 30:
+            skipped.append(f"{name} / {setting} / {', '.join(methods)}: skipped, {clock.left():.0f} s left")
+            rep.say("  " + skipped[-1])
+            continue
+        configs = slice_configs(name, setting, methods, rounds, tiny, device)
+        metric = load_profile(name, "paper").get("metric", "pm_acc_mean")
+        rep.say(f"  {name} / {setting}: {len(configs)} runs, {parallel} at once, {left:.0f} s")
+        done = run_slice(configs, parallel, left, root / f"{name}-{setting.replace(' ', '_')}", rep)
+        r, c = evidence_rows(name, setting, configs, done, metric)
+        rows, curves, claims = rows + r, curves + c, claims + slice_claims(r, c, metric)
+    return rows, curves, claims, skipped
+
+
+# ---------------------------------------------------------------- main
+def fmnist_source(rep: Report) -> None:
+    """Decode Fashion-MNIST once (checked) and hand it to every run process as a tensor cache."""
+    from pflrepro.data.datasets import load_dataset, save_tensor_cache, tensor_cache_dir
+    ds = load_dataset("fmnist")
+    rep.say(f"fmnist: {ds.source}; train {tuple(ds.x_train.shape)}, test {tuple(ds.x_test.shape)}")
+    if not (tensor_cache_dir() / "fmnist.pt").exists():
+        cache = Path(tempfile.mkdtemp(prefix="gpu-check-data-"))
+        save_tensor_cache(ds, cache / "fmnist.pt")
+        os.environ["PFLREPRO_TENSOR_CACHE"] = str(cache)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--twice-child"]:     # same_twice's deterministic half
+        deterministic()
+        print("ROWS " + json.dumps(twice(argv[1], "deterministic", Path(argv[2]))), flush=True)
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--budget-s", type=float, default=540.0, help="stop inside this many seconds (default 540)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    ap.add_argument("--tiny", action="store_true", help="every step at seconds' scale (CI, with --device cpu)")
+    ap.add_argument("--parallel", type=int, default=None, help="evidence runs at once (default: 12 on CUDA, 2 on CPU)")
+    ap.add_argument("--steps", default="1,2,3", help="which steps, e.g. 3 (default 1,2,3)")
+    ap.add_argument("--slices", default=",".join(map(str, range(len(SLICES)))),
+                    help=f"which evidence slices (0-{len(SLICES) - 1}, see SLICES; default all, in order)")
+    a = ap.parse_args(argv)
+    try:
+        a.steps = {int(x) for x in a.steps.split(",")}
+        a.slices = [int(x) for x in a.slices.split(",")]
+        assert a.steps <= {1, 2, 3} and all(0 <= i < len(SLICES) for i in a.slices)
+    except (ValueError, AssertionError):
+        ap.error("--steps: numbers from 1,2,3; --slices: numbers from 0 to " + str(len(SLICES) - 1))
+    if a.budget_s < 30:
+        ap.error("--budget-s: at least 30 seconds")
+    from pflrepro.federation.build import resolve_device
+    dev = resolve_device(a.device)
+    clock, out = Clock(a.budget_s), a.out
+    out.mkdir(parents=True, exist_ok=True)
+    rep = Report(out)
+    root = Path(tempfile.mkdtemp(prefix="gpu-check-runs-"))
+    os.environ.setdefault("PFLREPRO_RESULTS", str(root / "results"))
+    env = environment(dev)
+    rep.say(json.dumps(env))
+    (out / "env.json").write_text(json.dumps(env, indent=1) + "\n")
+    rep.md += [f"# Device check: {env.get('gpu', dev.type)}, torch {env['torch']}", "",
+               f"Budget {a.budget_s:.0f} s{' (tiny)' if a.tiny else ''}; commit {env['git']}.", ""]
+    try:
+        fmnist_source(rep)
+        steps(a, dev.type, clock, root, rep)
+    finally:
+        rep.md.append(f"Total {a.budget_s - clock.left():.0f} s of {a.budget_s:.0f}.")
+        rep.write()
+    return 0
+
+
+def steps(a, device: str, clock: Clock, root: Path, rep: Report) -> None:
+    out = a.out
+    t = time.monotonic()
+    rep.say("1. correctness")
+    shares = TINY_SHARES if a.tiny else SHARES
+    rows = correctness(device, clock, a.budget_s * (1 - shares["correctness"]), root / "correctness", rep) \
+        if 1 in a.steps else []
+    write_csv(out / "correctness.csv", rows)
+    bad = [f"{r['check']}: {r['what']}" for r in rows if r["ok"] is False]
+    rep.section(f"1. Correctness ({time.monotonic() - t:.0f} s)",
+                f"{sum(r['ok'] is True for r in rows)} of {len(rows)} checks passed; failed: {', '.join(bad) or 'none'}; "
+                f"skipped: {sum(isinstance(r['ok'], str) for r in rows)}.\n\n"
+                + md_table([r for r in rows if r["check"] != "smoke round" or r["ok"] is not True],
+                           ["check", "what", "ok", "max_diff_train_loss", "max_diff_pm_acc_mean", "max_diff",
+                            "error"]))
+    t = time.monotonic()
+    rep.say("2. engine benchmark")
+    share = min(a.budget_s * shares["bench"], clock.left() - 60)
+    brows, md = bench(device, share, a.tiny, rep) if 2 in a.steps else ([], "not asked for (--steps)")
+    write_csv(out / "bench_engines.csv", brows)
+    rep.section(f"2. Engine benchmark ({time.monotonic() - t:.0f} s)", md)
+    t = time.monotonic()
+    rep.say("3. paper-scale evidence")
+    parallel = a.parallel or (12 if device == "cuda" else 2)
+    erows, curves, claims, skipped = evidence(device, clock, a.tiny, parallel, root / "evidence", rep, a.slices) \
+        if 3 in a.steps else ([], [], [], ["not asked for (--steps)"])
+    write_csv(out / "evidence.csv", erows)
+    write_csv(out / "evidence_curves.csv", curves)
+    write_csv(out / "evidence_claims.csv", claims)
+    cols = ["setting", "method", "seed", "rounds_done", "finished"] + \
+        [k for k in (erows[0] if erows else {}) if k.startswith(("best_", "final_")) and k != "best_round"] + \
+        ["best_round", "paper", "seconds"]
+    rep.section(f"3. Paper-scale evidence ({time.monotonic() - t:.0f} s)",
+                md_table(erows, cols) + "\n\n" + md_table(claims, ["claim", "verdict", "seeds", "at", "effect",
+                                                                    "paper_effect", "per_seed"])
+                + ("\n\n" + "\n".join(f"- {s}" for s in skipped) if skipped else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
