@@ -119,6 +119,7 @@ def environment(device: torch.device) -> dict:
                                     timeout=10, check=False).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         env["git"] = None
+    env["git"] = env["git"] or os.environ.get("PFLREPRO_COMMIT")   # a checkout copied without .git says it here
     return env
 
 
