@@ -119,7 +119,7 @@ def environment(device: torch.device) -> dict:
                                     timeout=10, check=False).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         env["git"] = None
-    env["git"] = env["git"] or os.environ.get("PFLREPRO_COMMIT")   # a checkout copied without .git says it here
+    env["git"] = os.environ.get("PFLREPRO_COMMIT") or env["git"]   # a copied checkout names its commit here
     return env
 
 
@@ -148,7 +148,7 @@ def smoke_rounds(device: str, clock: Clock, until: float, root: Path, rep: Repor
             rows.append({"check": "smoke round", "what": a, "ok": "skipped: budget"})
             continue
         try:
-            res, s = _timed_run(smoke_config(a, device), root)
+            res, s = _timed_run(smoke_config(a, device, rounds=2), root)   # round 2: teachers, combined heads
             h = res.history[-1]
             ok = all(math.isfinite(v) for k, v in h.items() if k in ("pm_acc_mean", "train_loss"))
             rows.append({"check": "smoke round", "what": a, "ok": ok, "seconds": round(s, 2),
@@ -171,8 +171,12 @@ def engines_agree(device: str, clock: Clock, until: float, root: Path, rep: Repo
             hist[engine] = res.history
         keys = [k for k in ("gm_acc", "pm_acc_mean", "train_loss") if k in hist["batched"][0]]
         diff = {k: max(abs(p[k] - b[k]) for p, b in zip(hist["per_client"], hist["batched"])) for k in keys}
-        ok = diff.get("train_loss", 0) < 1e-3 and diff.get("pm_acc_mean", 0) <= 0.02
-        rows.append({"check": "engines agree", "what": a, "ok": ok, **{f"max_diff_{k}": v for k, v in diff.items()}})
+        first = abs(hist["per_client"][0]["train_loss"] - hist["batched"][0]["train_loss"])
+        # round 1's mean training loss must agree to float rounding (relative 1e-4); later rounds may drift further
+        # (different kernels: grouped convolutions under vmap; CUDA's atomics), reported, not judged
+        ok = first <= 1e-4 * abs(hist["per_client"][0]["train_loss"])
+        rows.append({"check": "engines agree", "what": a, "ok": ok, "round1_diff_train_loss": first,
+                     **{f"max_diff_{k}": v for k, v in diff.items()}})
         rep.say(f"  engines {a:<10} {ok} {diff}")
     return rows
 
@@ -228,11 +232,11 @@ def correctness(device: str, clock: Clock, stop_at: float, root: Path, rep: Repo
 BENCH_WORKLOADS = ("a_mini", "c_mlp_b10", "b_paper_b64", "b_paper_b10")   # bench_engines.WORKLOADS, cheapest first
 
 
-def bench(device: str, seconds: float, tiny: bool, rep: Report) -> tuple[list[dict], str]:
+def bench(device: str, seconds: float, tiny: bool, rep: Report, which=None) -> tuple[list[dict], str]:
     """benchmarks/bench_engines.py, one workload per invocation (each measures the matmul peak beside its engines),
     until the share of the budget is spent: a workload that would not finish is skipped, the others stay."""
     rows, mds, t0 = [], [], time.monotonic()
-    for w in BENCH_WORKLOADS[1:2] if tiny else BENCH_WORKLOADS:
+    for w in which or (BENCH_WORKLOADS[1:2] if tiny else BENCH_WORKLOADS):
         left = seconds - (time.monotonic() - t0)
         if left < 15:
             mds.append(f"- `{w}`: skipped, {max(left, 0):.0f} s of the step's share left")
@@ -240,12 +244,14 @@ def bench(device: str, seconds: float, tiny: bool, rep: Report) -> tuple[list[di
         tmp = Path(tempfile.mkdtemp(prefix="gpu-check-bench-"))
         cmd = [sys.executable, str(REPO / "benchmarks" / "bench_engines.py"), "--device", device, "--out", str(tmp),
                "--workloads", w] + (["--quick"] if tiny else ["--rounds", "2"])
+        t = time.monotonic()
         try:
             proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=left, check=False)
         except subprocess.TimeoutExpired:
             mds.append(f"- `{w}`: stopped at the step's share of the budget ({seconds:.0f} s)")
             continue
-        rep.say(proc.stderr[-2000:])
+        rep.say(proc.stderr[-2000:] + f"\n  {w}: {time.monotonic() - t:.0f} s in all (process start, matmul peak, "
+                "setup, engines)")
         if proc.returncode != 0 or not (tmp / "bench_engines.csv").exists():
             mds.append(f"- `{w}`: failed (exit {proc.returncode}): {proc.stderr[-400:]}")
             continue
@@ -381,7 +387,8 @@ def slice_claims(rows: list[dict], curves: list[dict], metric: str) -> list[dict
     return out
 
 
-def evidence(device: str, clock: Clock, tiny: bool, parallel: int, root: Path, rep: Report, which) -> tuple:
+def evidence(device: str, clock: Clock, tiny: bool, parallel: int, root: Path, rep: Report, which,
+             only_methods=(), only_seeds=()) -> tuple:
     from pflrepro.pipeline.experiments import load_profile
     rows, curves, claims, skipped = [], [], [], []
     for name, setting, methods, rounds in [SLICES[i] for i in which][:1 if tiny else None]:
@@ -390,7 +397,8 @@ def evidence(device: str, clock: Clock, tiny: bool, parallel: int, root: Path, r
             skipped.append(f"{name} / {setting} / {', '.join(methods)}: skipped, {clock.left():.0f} s left")
             rep.say("  " + skipped[-1])
             continue
-        configs = slice_configs(name, setting, methods, rounds, tiny, device)
+        configs = {k: c for k, c in slice_configs(name, setting, methods, rounds, tiny, device).items()
+                   if (not only_methods or k[0] in only_methods) and (not only_seeds or k[1] in only_seeds)}
         metric = load_profile(name, "paper").get("metric", "pm_acc_mean")
         rep.say(f"  {name} / {setting}: {len(configs)} runs, {parallel} at once, {left:.0f} s")
         done = run_slice(configs, parallel, left, root / f"{name}-{setting.replace(' ', '_')}", rep)
@@ -426,13 +434,25 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", default="1,2,3", help="which steps, e.g. 3 (default 1,2,3)")
     ap.add_argument("--slices", default=",".join(map(str, range(len(SLICES)))),
                     help=f"which evidence slices (0-{len(SLICES) - 1}, see SLICES; default all, in order)")
+    ap.add_argument("--methods", default="", help="evidence: only these methods (comma-separated; default all)")
+    ap.add_argument("--seeds", default="", help="evidence: only these seeds (comma-separated; default all)")
+    ap.add_argument("--workloads", default="", help="benchmark: only these workloads (default " +
+                    ",".join(BENCH_WORKLOADS) + ")")
+    ap.add_argument("--shares", default=None, help="correctness,benchmark shares of the budget (default 0.2,0.2; "
+                    "tiny 0.45,0.2); the evidence gets the rest")
     a = ap.parse_args(argv)
     try:
+        a.methods = tuple(filter(None, a.methods.split(",")))
+        a.workloads = tuple(filter(None, a.workloads.split(",")))
+        a.seeds = tuple(int(x) for x in filter(None, a.seeds.split(",")))
+        a.shares = dict(zip(("correctness", "bench"), map(float, a.shares.split(",")))) if a.shares else None
+        assert set(a.workloads) <= set(BENCH_WORKLOADS)
         a.steps = {int(x) for x in a.steps.split(",")}
         a.slices = [int(x) for x in a.slices.split(",")]
         assert a.steps <= {1, 2, 3} and all(0 <= i < len(SLICES) for i in a.slices)
     except (ValueError, AssertionError):
-        ap.error("--steps: numbers from 1,2,3; --slices: numbers from 0 to " + str(len(SLICES) - 1))
+        ap.error("--steps: numbers from 1,2,3; --slices: numbers from 0 to " + str(len(SLICES) - 1) + "; --seeds: "
+                 "integers; --shares: two numbers; --workloads: from " + ", ".join(BENCH_WORKLOADS))
     if a.budget_s < 30:
         ap.error("--budget-s: at least 30 seconds")
     from pflrepro.federation.build import resolve_device
@@ -460,7 +480,7 @@ def steps(a, device: str, clock: Clock, root: Path, rep: Report) -> None:
     out = a.out
     t = time.monotonic()
     rep.say("1. correctness")
-    shares = TINY_SHARES if a.tiny else SHARES
+    shares = a.shares or (TINY_SHARES if a.tiny else SHARES)
     rows = correctness(device, clock, a.budget_s * (1 - shares["correctness"]), root / "correctness", rep) \
         if 1 in a.steps else []
     write_csv(out / "correctness.csv", rows)
@@ -469,18 +489,19 @@ def steps(a, device: str, clock: Clock, root: Path, rep: Report) -> None:
                 f"{sum(r['ok'] is True for r in rows)} of {len(rows)} checks passed; failed: {', '.join(bad) or 'none'}; "
                 f"skipped: {sum(isinstance(r['ok'], str) for r in rows)}.\n\n"
                 + md_table([r for r in rows if r["check"] != "smoke round" or r["ok"] is not True],
-                           ["check", "what", "ok", "max_diff_train_loss", "max_diff_pm_acc_mean", "max_diff",
+                           ["check", "what", "ok", "round1_diff_train_loss", "max_diff_train_loss", "max_diff_pm_acc_mean", "max_diff",
                             "error"]))
     t = time.monotonic()
     rep.say("2. engine benchmark")
     share = min(a.budget_s * shares["bench"], clock.left() - 60)
-    brows, md = bench(device, share, a.tiny, rep) if 2 in a.steps else ([], "not asked for (--steps)")
+    brows, md = bench(device, share, a.tiny, rep, a.workloads) if 2 in a.steps else ([], "not asked for (--steps)")
     write_csv(out / "bench_engines.csv", brows)
     rep.section(f"2. Engine benchmark ({time.monotonic() - t:.0f} s)", md)
     t = time.monotonic()
     rep.say("3. paper-scale evidence")
     parallel = a.parallel or (12 if device == "cuda" else 2)
-    erows, curves, claims, skipped = evidence(device, clock, a.tiny, parallel, root / "evidence", rep, a.slices) \
+    erows, curves, claims, skipped = evidence(device, clock, a.tiny, parallel, root / "evidence", rep, a.slices,
+                                              a.methods, a.seeds) \
         if 3 in a.steps else ([], [], [], ["not asked for (--steps)"])
     write_csv(out / "evidence.csv", erows)
     write_csv(out / "evidence_curves.csv", curves)

@@ -109,7 +109,7 @@ class FedPAC(FedPer):
                               purpose=1)                                       # 3.
         state = clone_state(net.state_dict())
         protos = class_stats(features(net, x), y, cov=False)
-        sent = {"client": torch.tensor(k), "params": state, "v": torch.tensor(v, dtype=torch.float64), "h": h,
+        sent = {"client": torch.tensor(k), "params": state, "v": torch.tensor(v, dtype=torch.float64, device=h.device), "h": h,
                 **{f"proto_{n}": t for n, t in protos.items()}}
         up = state_bytes(state) + state_bytes(protos) + state_bytes({"v": sent["v"], "h": h})
         n = head.samples + body.samples
