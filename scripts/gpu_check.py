@@ -407,6 +407,49 @@ def evidence(device: str, clock: Clock, tiny: bool, parallel: int, root: Path, r
     return rows, curves, claims, skipped
 
 
+# ---------------------------------------------------------------- merging several checks' evidence
+def _read(path: Path) -> list[dict]:
+    num = lambda v: int(v) if v.lstrip("-").isdigit() else float(v) if _floaty(v) else v == "True" if v in (
+        "True", "False") else v
+    with open(path) as f:
+        return [{k: num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def _floaty(v: str) -> bool:
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
+
+
+def merge(dirs: list[Path], out: Path) -> int:
+    """`--merge DIR ... --out DIR`: the evidence of several checks (a second call finishing runs the first stopped at
+    its budget) as one: per run (table, setting, method, seed) the one that got furthest (a later DIR on a tie), its
+    curve, and the claims recomputed over them."""
+    runs, curves = {}, {}
+    for d in dirs:
+        for r in _read(d / "evidence.csv"):
+            key = (r["table"], r["setting"], r["method"], r["seed"])
+            if key not in runs or (r["finished"], r["rounds_done"]) >= (runs[key]["finished"], runs[key]["rounds_done"]):
+                runs[key] = {**r, "from": d.name}
+                curves[key] = [c for c in _read(d / "evidence_curves.csv")
+                               if (c["table"], c["setting"], c["method"], c["seed"]) == key]
+    out.mkdir(parents=True, exist_ok=True)
+    rows, claims = list(runs.values()), []
+    for table, setting in dict.fromkeys((r["table"], r["setting"]) for r in rows):
+        part = [r for r in rows if (r["table"], r["setting"]) == (table, setting)]
+        metric = next(k[5:] for k in part[0] if k.startswith("best_") and k != "best_round")
+        claims += slice_claims(part, [c for k, cs in curves.items() if k[:2] == (table, setting) for c in cs], metric)
+    write_csv(out / "evidence.csv", rows)
+    write_csv(out / "evidence_curves.csv", [c for cs in curves.values() for c in cs])
+    write_csv(out / "evidence_claims.csv", claims)
+    print(md_table(rows, [k for k in rows[0] if k not in ("table", "device")]))
+    print()
+    print(md_table(claims, ["claim", "verdict", "seeds", "at", "effect", "paper_effect", "per_seed"]))
+    return 0
+
+
 # ---------------------------------------------------------------- main
 def fmnist_source(rep: Report) -> None:
     """Decode Fashion-MNIST once (checked) and hand it to every run process as a tensor cache."""
@@ -421,6 +464,11 @@ def fmnist_source(rep: Report) -> None:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--merge"]:
+        *dirs, flag, out = argv[1:]
+        if flag != "--out" or not dirs:
+            sys.exit("usage: gpu_check.py --merge DIR [DIR ...] --out DIR")
+        return merge([Path(d) for d in dirs], Path(out))
     if argv[:1] == ["--twice-child"]:     # same_twice's deterministic half
         deterministic()
         print("ROWS " + json.dumps(twice(argv[1], "deterministic", Path(argv[2]))), flush=True)
