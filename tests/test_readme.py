@@ -37,7 +37,7 @@ def _commands() -> list[str]:
 def _kind(cmd: str) -> str | None:
     for kind, pattern in [("make", r"^make (repro|test)$"), ("cluster", r"(--executor|-p executor) ray"),
                           ("ray_start", r"^ray start --(head|address) "), ("pip_extra", r"^pip install -e '\.\[\w+\]'$"),
-                          ("cli", r"^python -m pflrepro "),
+                          ("cli", r"^python -m pflrepro "), ("device_check", r"^PYTHONPATH=\. .*scripts/gpu_check\.py "),
                           ("sweep", r"^(mkdir -p results/sweeps/|papermill notebooks/example\.ipynb )"),
                           ("dvc_set", r"^dvc exp run( --queue)? -S "), ("dvc", r"^dvc (queue start|exp show)")]:
         if re.search(pattern, cmd):
@@ -58,6 +58,24 @@ def test_every_readme_command_is_checked():
     for part in ("mkdir -p results/sweeps/lr$lr", "-p profile smoke", "-p out_dir results/sweeps/lr$lr",
                  '-y "{overrides: {base: {lr: $lr}}}"'):
         assert part in sweep, part
+
+
+def test_readme_device_check_command_is_one_the_script_takes(tmp_path, monkeypatch):
+    """The device check as written: its options are the script's (the script itself runs in CI through
+    tests/test_gpu_check.py's tiny mode; here its parser is given the README's flags and must accept them)."""
+    import importlib.util
+    (cmd,) = [c for c in _commands() if _kind(c) == "device_check"]
+    argv = shlex.split(cmd)
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "scripts" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    seen = {}
+    monkeypatch.setattr(mod, "steps", lambda a, *rest: seen.update(vars(a)))
+    monkeypatch.setattr(mod, "fmnist_source", lambda rep: None)
+    argv = argv[argv.index("scripts/gpu_check.py") + 1:]
+    assert mod.main([*argv[:argv.index("--out") + 1], str(tmp_path / "o"), *argv[argv.index("--out") + 2:],
+                     "--device", "cpu"]) == 0
+    assert seen["budget_s"] == 540 and seen["steps"] == {1, 2, 3} and (tmp_path / "o" / "gpu_check.md").exists()
 
 
 def test_readme_dvc_experiments_set_real_params_to_new_values():
