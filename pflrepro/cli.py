@@ -47,7 +47,30 @@ def parse_overrides(pairs: list[str]) -> dict:
             node[leaf] = yaml.safe_load(val)
         except yaml.YAMLError as e:
             raise ConfigError(f"{key}={val}: not a YAML value ({str(e).splitlines()[0]})") from None
+        if _too_many_values(node[leaf]):
+            raise ConfigError(f"{key}=...: {MAX_YAML_VALUES_SAY}")
     return out
+
+
+MAX_YAML_VALUES = 10_000   # a run config holds a few dozen settings
+MAX_YAML_VALUES_SAY = (f"more than {MAX_YAML_VALUES:,} values once its YAML aliases are expanded (a 'billion laughs' "
+                       "document, whose repr in an error message never ends): not run settings")
+
+
+def _too_many_values(value) -> bool:
+    """Whether a YAML value holds more than MAX_YAML_VALUES values, its aliases expanded (issue 33: ten nested lists of
+    ten aliases each hung the config check, which writes the value it refuses)."""
+    todo, seen = [value], 0
+    while todo:
+        v = todo.pop()
+        seen += 1
+        if seen > MAX_YAML_VALUES:
+            return True
+        if isinstance(v, dict):
+            todo += [*v.keys(), *v.values()]
+        elif isinstance(v, (list, tuple)):
+            todo += v
+    return False
 
 
 def _gather_overrides(a, extras: list[str]) -> list[str]:
@@ -123,6 +146,8 @@ def _add_train(sub) -> None:
     t.add_argument("--executor", help="where missing runs train: local (default: $PFLREPRO_EXECUTOR or local), "
                    "ray, ray:ADDRESS[,cpus=N,gpus=F,shared] (pflrepro.pipeline.executors)")
     t.add_argument("--progress", default="log", choices=["log", "bars", "none"])
+    t.add_argument("--stop-on-error", action="store_true", help="stop at the first run that fails (default: name it "
+                   "and train the others)")
     t.add_argument("overrides", nargs="*", metavar="key=value", help=GRID_OVERRIDES)
 
 
@@ -161,6 +186,10 @@ def _config(a):
             raise ConfigError(f"--config {a.config}: {e.strerror or e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"--config {a.config}: not valid YAML ({str(e).splitlines()[0]})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"--config {a.config}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        if _too_many_values(cfg_dict):
+            raise ConfigError(f"--config {a.config}: {MAX_YAML_VALUES_SAY}")
         if not isinstance(cfg_dict, dict):
             raise ConfigError(f"--config {a.config}: expected a mapping of run settings, got {type(cfg_dict).__name__}")
     return RunConfig.from_dict(_merge(cfg_dict, parse_overrides(a.overrides)))
@@ -170,24 +199,75 @@ SAY_HOURS = 1 / 6        # a run estimated above 10 minutes says what it will co
 ABSURD_HOURS = 24 * 30   # above 30 days (a lower bound, on this machine or the stated GPU rate) it needs --yes
 
 
-def _check_cost(cfg, yes: bool) -> None:
-    """Say what a long run costs before it starts (pflrepro.pipeline.budget: training FLOPs at the rate measured here,
-    a lower bound); refuse an absurd one (e.g. rounds=1e9) unless --yes."""
+def _run_cost(cfg) -> tuple[dict, float]:
+    """A run's estimated cost (pflrepro.pipeline.budget.grid_cost) and training hours, a lower bound: on this machine,
+    or at the stated GPU rate for a run on a GPU."""
     from .pipeline import budget
     cost = budget.grid_cost([cfg], jobs=1)
-    hours = cost["total"]["wall_hours" if cfg.device == "cpu" else "gpu_hours"]
-    if hours > SAY_HOURS:
-        print(budget.describe(cost, "run").splitlines()[0], file=sys.stderr)
+    return cost, cost["total"]["wall_hours" if cfg.device == "cpu" else "gpu_hours"]
+
+
+def _settings_to_blame(cfg) -> list[str]:
+    """The numeric settings (as key=value) each of which alone makes a run absurd: set back to its default (or to 1,
+    where the default is refused, e.g. public.size=0 for FedDF) the estimate falls under ABSURD_HOURS. Runs only on
+    the refusal path: each try is a cost estimate (milliseconds; a new batch size measures its rate once)."""
+    from . import algorithms
+    from .federation.config import PUBLIC_SCHEMA, RUN_SCHEMA, RunConfig
+    d = cfg.to_dict()
+    blame = []
+    for section, schema in (("", RUN_SCHEMA), ("hparams", algorithms.ALGORITHMS[cfg.algorithm].HPARAMS),
+                            ("public", PUBLIC_SCHEMA)):
+        given = d[section] if section else d
+        for k, p in schema.items():
+            if p.type not in (int, float) or given.get(k) == p.default or p.default is None:
+                continue
+            for v in (p.default, 1):
+                tried = {**d, section: {**given, k: v}} if section else {**d, k: v}
+                try:
+                    if _run_cost(RunConfig.from_dict(tried))[1] <= ABSURD_HOURS:
+                        blame.append(f"{section + '.' if section else ''}{k}={given[k]!r}")
+                    break
+                except ConfigError:
+                    continue
+    return blame
+
+
+def _check_cost(cfg, yes: bool) -> None:
+    """Say what a long run costs before it starts (pflrepro.pipeline.budget: training FLOPs at the rate measured here,
+    a lower bound); refuse an absurd one (e.g. rounds=1e9) unless --yes, in one line that names the settings to
+    blame (issue 33: the cost went to a line of its own, above the error)."""
+    from .pipeline import budget
+    cost, hours = _run_cost(cfg)
+    said = budget.describe(cost, "run").splitlines()[0]
     if hours > ABSURD_HOURS and not yes:
-        raise ConfigError(f"this run would train for at least {budget.hours(hours)}: check rounds, local_epochs, "
-                          "n_clients and the hparams' epochs, or pass --yes to run it anyway")
+        blame = _settings_to_blame(cfg)
+        why = (", ".join(blame) + (" alone makes it so: lower it" if len(blame) == 1 else " each alone make it so: "
+               "lower them") if blame else "check rounds, local_epochs, n_clients and the hparams' epochs")
+        raise ConfigError(f"this run would train for at least {budget.hours(hours)} ({said}): {why}, or pass --yes "
+                          "to run it anyway")
+    if hours > SAY_HOURS:
+        print(said, file=sys.stderr)
+
+
+def _check_data(cfg) -> None:
+    """The datasets a run reads are on this machine (loaded now; the run reuses them): one that is not is a config
+    error naming its key, before the run's folder exists (issue 33: a traceback, and a folder left with config.json)."""
+    from .data.datasets import DatasetUnavailable
+    from .federation.build import raw_dataset
+    for key, name in (("dataset", cfg.dataset), ("public.dataset", cfg.public["dataset"] if cfg.public["size"] else "")):
+        try:
+            if name:
+                raw_dataset(name)
+        except DatasetUnavailable as e:
+            raise ConfigError(f"{key}={name!r}: " + " ".join(line.strip() for line in str(e).splitlines())) from None
 
 
 def _run(a) -> int:
-    from .pipeline.store import run, run_dir
+    from .pipeline.store import is_finished, run, run_dir
     cfg = _config(a)
-    if a.force or not (run_dir(cfg) / "summary.json").exists():
+    if a.force or not is_finished(run_dir(cfg)):
         _check_cost(cfg, a.yes)
+        _check_data(cfg)
     res = run(cfg, progress=not a.quiet, force=a.force)
     print(json.dumps({"path": str(res.path), "summary": res.summary}, indent=2))
     return 0
@@ -233,11 +313,14 @@ def _data(a) -> int:
     from pathlib import Path
 
     from .data.datasets import load_dataset, save_tensor_cache
+    from .pipeline import datacache
+    bad = datacache.check(a.name)      # a tensor cache that differs from the checked source: set aside, rebuilt
     ds = load_dataset(a.name, download=a.download)
     counts = ds.y_train.bincount(minlength=ds.spec.num_classes).tolist()
     info = {"dataset": a.name, "source": ds.source, "train": list(ds.x_train.shape),
             "test": list(ds.x_test.shape), "train_label_counts": counts,
-            "sha256_x_train": hashlib.sha256(ds.x_train.numpy().tobytes()).hexdigest()}
+            "sha256_x_train": hashlib.sha256(ds.x_train.numpy().tobytes()).hexdigest(),
+            "tensor_cache": "rebuilt: it " + bad if bad else "checked" if a.name == "fmnist" else "not checked"}
     if a.save:
         info["saved"] = str(save_tensor_cache(ds, Path(a.save)))
     print(json.dumps(info, indent=2))
@@ -248,6 +331,7 @@ def _partition(a) -> int:
     from .data.partition import label_counts, plot_partition
     from .federation.build import build_partition, raw_dataset
     cfg = _config(a)
+    _check_data(cfg)
     split = build_partition(cfg)
     raw = raw_dataset(cfg.dataset)
     y = (raw.pooled()[1] if cfg.pool == "train+test" else raw.y_train).numpy()
@@ -283,11 +367,11 @@ def _tune(a) -> int:
 def _cost(a) -> int:
     from .pipeline import budget
     from .pipeline.experiments import grid, load_profile
-    from .pipeline.store import run_dir
+    from .pipeline.store import is_finished, run_dir
     overrides = parse_overrides(a.overrides)
     for name in a.names:   # a ConfigError: one line from main, like every verb's
         cfgs = [c for c in grid(load_profile(name, a.profile), overrides).values()
-                if not (a.missing and (run_dir(c) / "summary.json").exists())]
+                if not (a.missing and is_finished(run_dir(c)))]
         print(budget.describe(budget.grid_cost(cfgs, jobs=a.jobs), " ".join([f"{name}/{a.profile}", *a.overrides])))
     return 0
 
@@ -298,7 +382,8 @@ def _train(a) -> int:
     from .pipeline.experiments import train_notebooks
     label = Path(a.out).stem if a.out else "train"
     manifest = train_notebooks(a.names, a.profile, a.jobs, {"log": "log", "bars": True, "none": False}[a.progress],
-                               label=label, executor=a.executor, overrides=parse_overrides(a.overrides) or None)
+                               label=label, executor=a.executor, overrides=parse_overrides(a.overrides) or None,
+                               keep_going=not a.stop_on_error)
     text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -334,3 +419,17 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:   # Ctrl-C: one line, no traceback; runs keep their last checkpoints and resume
         print("interrupted: runs keep their last checkpoints; the same command resumes them", file=sys.stderr)
         return 130
+    except RuntimeError as e:
+        from .core.batched import MemoryBudgetError, NotBatchable
+        from .core.training import Divergence
+        from .pipeline.parallel import GridFailed
+        if isinstance(e, GridFailed):   # a grid whose runs failed: each named in one line (the others are stored)
+            print(f"grid: {e}", file=sys.stderr)
+            return 1
+        if isinstance(e, (MemoryBudgetError, NotBatchable)):   # engine / memory_budget_mb refused before round 1
+            print("config error: " + " ".join(str(e).split()), file=sys.stderr)
+            return 2
+        if isinstance(e, Divergence):   # the loss became NaN/inf (its settings, e.g. a huge lr): one line, exit 1
+            print("run diverged: " + " ".join(str(e).split()), file=sys.stderr)
+            return 1
+        raise

@@ -87,7 +87,7 @@ def test_fedbuff_run_learns_and_resumes_with_updates_in_flight(tmp_path, monkeyp
     for store in ("killed", "clean"):
         monkeypatch.setenv("PFLREPRO_RESULTS", str(tmp_path / store))
         assert main(["run", "--quiet", *args]) == 0, capsys.readouterr().err
-    (run_path,) = (tmp_path / "killed" / "runs").iterdir()
+    (run_path,) = [p for p in (tmp_path / "killed" / "runs").iterdir() if p.is_dir()]   # a killed trainer leaves its .lock
     (clean_path,) = (tmp_path / "clean" / "runs").iterdir()
     assert read_metrics(run_path) == read_metrics(clean_path)
     res = load_result(clean_path)

@@ -27,6 +27,9 @@ from ..federation.config import RunConfig
 
 GPU_FLOPS = 10e12   # stated: about half an A100's 19.5 TFLOP/s FP32 peak, sustained on ResNet-size batches
 GPU_NAME = "a GPU sustaining 10 TFLOP/s (half an A100's FP32 peak)"
+# A larger batch_size is measured at this batch: the FLOP rate has stopped growing well before it (the papers' batches
+# are 10 to 64), and a step at batch_size=10**9 allocated terabytes (issue 33: a traceback before the run started).
+RATE_BATCH_MAX = 256
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,7 +94,8 @@ def grid_cost(configs, jobs: int | None = None, gpu_flops: float = GPU_FLOPS) ->
     rows = []
     for (model, dataset, batch), cs in sorted(groups.items()):
         flops = sum(run_flops(c) for c in cs)
-        rate = sum(train_rate(m, dataset, batch, threads) for m in model.split("+")) / len(model.split("+"))
+        at = min(batch, RATE_BATCH_MAX)
+        rate = sum(train_rate(m, dataset, at, threads) for m in model.split("+")) / len(model.split("+"))
         rows.append({"model": model, "dataset": dataset, "batch": batch, "runs": len(cs), "tflops": flops / 1e12,
                      "rate_gflops": rate / 1e9, "cpu_hours": flops / rate / 3600,
                      "gpu_hours": flops / gpu_flops / 3600})

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from ..federation.config import RunConfig
 from ..params import ConfigError
+from .locks import lock, unlock
 
 SRC = str(Path(__file__).resolve().parents[2])
 RESUME_FILES = ("config.json", "partition.npz", "checkpoint.pt")   # what a run needs to resume elsewhere
@@ -63,7 +64,7 @@ class Claims:
         self.mine: list[Path] = []
         self.others: list[Path] = []
         for p in paths:
-            fd = _lock(_claim_file(p), block=False)
+            fd = lock(_claim_file(p), block=False)
             if fd is None:
                 self.others.append(p)
             else:
@@ -71,50 +72,19 @@ class Claims:
                 self.mine.append(p)
 
     def wait(self, path: Path) -> None:
-        self.held[path] = _lock(_claim_file(path), block=True)
+        self.held[path] = lock(_claim_file(path), block=True)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         for path, fd in self.held.items():
-            _unlock(_claim_file(path), fd)
+            unlock(_claim_file(path), fd)
         self.held.clear()
 
 
 def _claim_file(run_path: Path) -> Path:
     return Path(run_path).with_name(Path(run_path).name + ".claim")
-
-
-def _lock(path: Path, block: bool) -> int | None:
-    try:
-        import fcntl
-    except ImportError:
-        return -1
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        try:
-            current = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            current = False
-        if current:
-            return fd
-        os.close(fd)   # its holder removed the file between our open and our lock: lock the new one
-
-
-def _unlock(path: Path, fd: int) -> None:
-    if fd < 0:
-        return
-    import fcntl
-    path.unlink(missing_ok=True)   # still under the lock: a waiter finds a new inode and locks that
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
 
 
 # ---------------------------------------------------------------- executors
@@ -140,10 +110,11 @@ class LocalExecutor:
     def describe(self) -> str:
         return f"{self.jobs} at once"
 
-    def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False) -> None:
+    def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False, keep_going: bool = True) -> None:
         from . import parallel
         check_datasets(configs)
-        parallel.train_all(configs, root, self.jobs, on_done=on_done, progress=bars and self.jobs == 1)
+        parallel.train_all(configs, root, self.jobs, on_done=on_done, progress=bars and self.jobs == 1,
+                           keep_going=keep_going)
 
 
 class RayExecutor:
@@ -170,7 +141,8 @@ class RayExecutor:
         """GPUs per task of a run on CUDA (`gpu_share`, on the cluster's live nodes)."""
         return gpu_share(configs, self.gpus, self.cpus, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
 
-    def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False) -> None:
+    def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False, keep_going: bool = True) -> None:
+        """(`keep_going` is the local executor's: on Ray the first failed task, its retries spent, stops the grid.)"""
         from . import parallel, store
         ray = _ray()
         started = not ray.is_initialized()
@@ -277,14 +249,17 @@ def _write_atomic(path: Path, blob: bytes) -> None:
 
 
 def write_run(path: Path, files: dict) -> None:
-    """Write a run's files into a store; summary.json last, so a reader never finds a run half written."""
+    """Write a run's files into a store; its manifest last (store.MANIFEST: the run is finished from then on), so a
+    reader never finds a run half written."""
     from .progress import HEARTBEAT
     path.mkdir(parents=True, exist_ok=True)
-    for f in sorted(files, key=lambda f: f == "summary.json"):
+    from .store import CKPT_SHA, MANIFEST
+    for f in sorted(files, key=lambda f: (f == MANIFEST, f == "summary.json")):
         _write_atomic(path / f, files[f])
     (path / HEARTBEAT).unlink(missing_ok=True)
     if "checkpoint.pt" not in files:   # the finished run dropped it (store.keeps_checkpoint): not one shipped mid-run
         (path / "checkpoint.pt").unlink(missing_ok=True)
+        (path / CKPT_SHA).unlink(missing_ok=True)
 
 
 class _Shipper:

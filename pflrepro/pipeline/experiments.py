@@ -33,7 +33,7 @@ import yaml
 from ..federation.config import RunConfig
 from ..params import ConfigError
 from ..paths import REPO_ROOT, results_root
-from .store import METRICS, OPTIONAL_METRICS, RunResult, run, run_dir
+from .store import METRICS, OPTIONAL_METRICS, RunResult, is_finished, run, run_dir
 
 PROFILES = ("smoke", "mini", "paper")
 
@@ -177,13 +177,15 @@ def grid(p: dict, overrides: dict | None = None) -> dict:
 
 def run_grid(configs: dict, root: Path | str | None = None, progress: bool | str = True,
              jobs: int | str | None = None, name: str = "grid", executor=None,
-             announce_cost: bool = False) -> dict[tuple, RunResult]:
+             announce_cost: bool = False, keep_going: bool = True) -> dict[tuple, RunResult]:
     """Run (or load from the store) every config. Two keys naming the same config share one run.
 
     Missing runs train on `executor` (pflrepro.pipeline.executors: None = $PFLREPRO_EXECUTOR or "local"), locally
     `jobs` at a time (pflrepro.pipeline.parallel: None = $PFLREPRO_JOBS or "auto"). Each is claimed first, so a second
     driver on the same store waits for it instead of training it again (executors.Claims). `announce_cost`:
     first print what the missing runs cost (pflrepro.pipeline.budget: FLOPs, time here and on a GPU), as for a paper profile.
+    `keep_going`: a run that fails is named and the others train (their results stay stored); the failures are
+    raised at the end (parallel.GridFailed); False: the first failure stops the grid.
     `progress`: True = tqdm bars (one over runs; with one local job each run also shows its own), False =
     nothing, "log" = plain lines to stderr for logs (`dvc repro`: runs done, rounds of the runs in
     flight, time left; pflrepro.pipeline.progress.GridLog, headed `[name]`)."""
@@ -197,7 +199,7 @@ def run_grid(configs: dict, root: Path | str | None = None, progress: bool | str
     paths = {key: run_dir(cfg, root) for key, cfg in configs.items()}
     todo = {}
     for key, cfg in configs.items():
-        if not (paths[key] / "summary.json").exists():
+        if not is_finished(paths[key]):
             todo.setdefault(paths[key], (key, cfg))
     ex = executors.resolve(executor, jobs, [c for _, c in todo.values()])
     if announce_cost and todo:
@@ -219,11 +221,11 @@ def run_grid(configs: dict, root: Path | str | None = None, progress: bool | str
 
         def train(ps):
             if ps:
-                ex.train_all([todo[p][1] for p in ps], root, on_done=done, bars=bars)
+                ex.train_all([todo[p][1] for p in ps], root, on_done=done, bars=bars, keep_going=keep_going)
         train(claims.mine)
         for p in claims.others:   # another driver holds it: wait until it lets go, train it if it died first
             claims.wait(p)
-            if (p / "summary.json").exists():
+            if is_finished(p):
                 done(todo[p][1])
             else:
                 train([p])
@@ -249,7 +251,7 @@ def output_dirs(name: str, out_dir: str | None) -> tuple[Path, Path, Path]:
 
 def train_notebooks(names: list[str], profile: str | None = None, jobs: int | str | None = None,
                     progress: bool | str = "log", label: str = "train", executor=None,
-                    overrides: dict | None = None) -> dict:
+                    overrides: dict | None = None, keep_going: bool = True) -> dict:
     """Train every run the notebooks `names` need (each at its params file's default profile, or `profile`),
     as one grid: runs shared between tables train once, and all of a paper's runs queue together, longest
     first, so `jobs` processes stay busy instead of waiting at the end of each notebook's short grid.
@@ -264,7 +266,8 @@ def train_notebooks(names: list[str], profile: str | None = None, jobs: int | st
         for (method, setting, seed), cfg in grid(P, overrides).items():
             configs[(name, f"{name}: {method}", setting, seed)] = cfg
     done = run_grid({key[1:]: cfg for key, cfg in configs.items()}, root=results_root() / "runs",
-                    progress=progress, jobs=jobs, name=label, executor=executor, announce_cost=paper)
+                    progress=progress, jobs=jobs, name=label, executor=executor, announce_cost=paper,
+                    keep_going=keep_going)
     dirs = {name: set() for name in names}
     for name, *key in configs:
         dirs[name].add(Path(done[tuple(key)].path).name)

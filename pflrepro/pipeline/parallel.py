@@ -183,21 +183,34 @@ def _serve() -> None:
         replies.flush()
 
 
+class GridFailed(RuntimeError):
+    """Runs of a grid that failed, each named (its store folder) with its error; the others finished (or, with
+    keep_going=False, were not started)."""
+
+    def __init__(self, failed: list, total: int, root):
+        from .store import run_dir
+        self.errors = [e for _, e in failed]
+        names = "; ".join(f"{run_dir(c, root).name}: {type(e).__module__}.{type(e).__qualname__}: "
+                          f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}" for c, e in failed)
+        super().__init__(f"{len(failed)} of {total} runs failed: {names}")
+
+
 def train_all(configs: list[RunConfig], root: Path | str | None, jobs: int, on_done=None,
-              progress: bool = False) -> None:
+              progress: bool = False, keep_going: bool = True) -> None:
     """Train `configs` (distinct runs, none stored yet) up to `jobs` at once, each at
-    threads_per_run(jobs) threads; results land in `root`. The first error stops handing out runs
-    and is raised once the others have stopped. `progress`: a bar per run trained in this process."""
+    threads_per_run(jobs) threads; results land in `root`. A run that fails is named and the others go on
+    (`keep_going=False`: the first error stops handing out runs); the failures are raised together at the end
+    (GridFailed; one failure alone is raised as itself). `progress`: a bar per run trained in this process."""
     import torch
 
     from .store import run
     queue = sorted(configs, key=work, reverse=True)
     lock = threading.Lock()
-    errors: list[BaseException] = []
+    failed: list = []
 
     def take():
         with lock:
-            return queue.pop(0) if queue and not errors else None
+            return queue.pop(0) if queue and (keep_going or not failed) else None
 
     def loop(train_one):
         while (cfg := take()) is not None:
@@ -205,8 +218,12 @@ def train_all(configs: list[RunConfig], root: Path | str | None, jobs: int, on_d
                 train_one(cfg)
             except Exception as e:  # noqa: BLE001 - raised below once the other jobs stop
                 with lock:
-                    errors.append(e)
-                return
+                    failed.append((cfg, e))
+                print(f"[pflrepro] run {cfg.algorithm} seed {cfg.seed} failed ({type(e).__name__}); "
+                      + ("the others go on" if keep_going else "stopping the grid"), file=sys.stderr, flush=True)
+                if not keep_going:
+                    return
+                continue
             if on_done:
                 on_done(cfg)
 
@@ -232,8 +249,10 @@ def train_all(configs: list[RunConfig], root: Path | str | None, jobs: int, on_d
         torch.set_num_threads(before)
     for w in workers:
         w.close()
-    if errors:
-        raise errors[0]
+    if len(failed) == 1:
+        raise failed[0][1]
+    if failed:
+        raise GridFailed(failed, len(configs), root)
 
 
 if __name__ == "__main__":

@@ -8,15 +8,26 @@ full validated config and of the result-affecting source code) holds
 - summary.json     best round and mean of the last 10 evaluations, per metric
 - provenance.json  git commit, package versions, seed, device, wall time, bytes, FLOPs
 - partition.npz    the client index arrays actually used
-- checkpoint.pt    the latest state (tensors only; read with weights_only=True)
-Running the same config again returns the stored result; a killed run resumes from
-its checkpoint and ends with exactly the metrics of an uninterrupted one.
+- checkpoint.pt    the latest state (tensors only; read with weights_only=True); a finished run drops it
+                   unless a later stage reads it (`keeps_checkpoint`)
+- manifest.json    written last, by rename: every result file with its size and sha256. A run is finished
+                   exactly when its manifest exists; before that it is an unfinished run that resumes.
+Running the same config again returns the stored result, verified first (`verify`: the manifest's sizes and
+hashes, config.json equal to the requested config, the summary recomputable from the metrics); a run that fails
+verification is moved aside to `<store>-quarantine/` (nothing is deleted), the user is told in one line, and it
+is recomputed (from its checkpoint when that verifies). A killed run resumes from its checkpoint and ends with
+exactly the metrics of an uninterrupted one; a checkpoint or partition that cannot be read is set aside the same
+way and the run starts afresh. One process trains a run at a time (`train_lock`): a second one on the same run
+waits for it, then serves its result. A run stored before manifests existed is verified the same way, without
+hashes, and gets its manifest (adopted).
 """
 from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
+import math
 import os
 import platform
 import re
@@ -39,7 +50,7 @@ from ..federation.config import RunConfig
 from ..params import ConfigError
 from ..paths import REPO_ROOT, results_root
 from ..version import __version__
-from . import gpu
+from . import datacache, gpu
 from .progress import HEARTBEAT, Heartbeat
 
 METRICS = ("gm_acc", "pm_acc_mean", "pm_acc_weighted", "pm_acc_std", "pm_acc_min")
@@ -143,17 +154,206 @@ def load_result(path: Path) -> RunResult:
                      json.loads((path / "provenance.json").read_text()))
 
 
+MANIFEST = "manifest.json"
+RESULT_FILES = ("config.json", "partition.npz", "metrics.csv", "per_client.csv", "provenance.json", "summary.json")
+
+
+class Damaged(Exception):
+    """A stored run (or one of its files) that cannot be served: the message says which file and why."""
+
+
+class RunFailed(ConfigError):
+    """A run that trained but whose metrics are not finite (no client with test data, an infinite clock): one line,
+    and nothing stored as finished."""
+
+
+def is_finished(path: Path) -> bool:
+    """Whether `path` holds a finished run (its manifest; or, from before manifests, its summary): the cheap test a
+    grid uses to plan; `verify` decides whether it is served."""
+    return (Path(path) / MANIFEST).exists() or (Path(path) / "summary.json").exists()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_atomic(path: Path, text: str | bytes) -> None:
+    """Write by rename (a temporary file per process): a reader finds the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(text.encode() if isinstance(text, str) else text)
+    os.replace(tmp, path)
+
+
+def _die_before(step: str) -> None:
+    """Test hook (tests/test_store_faults.py): SIGKILL this process just before completion step `step`."""
+    if os.environ.get("PFLREPRO_DIE_BEFORE") == step:
+        os.kill(os.getpid(), 9)
+
+
+def write_manifest(path: Path, cfg: RunConfig) -> None:
+    """The last write of a finished run: each result file present (and the kept checkpoint) with size and sha256."""
+    names = RESULT_FILES + (("checkpoint.pt",) if keeps_checkpoint(cfg) else ())
+    files = {f: {"size": (path / f).stat().st_size, "sha256": _sha256(path / f)} for f in names if (path / f).exists()}
+    _die_before(MANIFEST)
+    _write_atomic(path / MANIFEST, json.dumps({"config_sha256": cfg.key(), "files": files}, indent=1))
+
+
+def _check_files(path: Path, cfg: RunConfig) -> dict | None:
+    """The manifest's files against the folder (None for a run stored before manifests): Damaged on a difference."""
+    try:
+        cfg_on_disk = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise Damaged(f"config.json unreadable ({type(e).__name__})") from None
+    if cfg_on_disk != json.loads(json.dumps(cfg.to_dict())):
+        raise Damaged("config.json is not the requested config (edited, or another run's)")
+    if not (path / MANIFEST).exists():
+        return None
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise Damaged(f"{MANIFEST} unreadable ({type(e).__name__})") from None
+    if manifest.get("config_sha256") != cfg.key():
+        raise Damaged(f"{MANIFEST} names another config")
+    for f in RESULT_FILES:
+        if f not in files:
+            raise Damaged(f"{MANIFEST} does not list {f}")
+    for f, want in files.items():
+        p = path / f
+        if not p.exists():
+            raise Damaged(f"{f} is missing")
+        if p.stat().st_size != want["size"] or _sha256(p) != want["sha256"]:
+            raise Damaged(f"{f} differs from its manifest (size or sha256)")
+    return manifest
+
+
+def verify(path: Path, cfg: RunConfig) -> RunResult:
+    """A finished run's result, served only if it verifies: config.json is the requested config, every file matches
+    the manifest, and the files parse and agree (the summary is the metrics' summary, one per-client row a metrics
+    row). A run stored before manifests is checked without hashes and then given its manifest. Damaged otherwise."""
+    manifest = _check_files(path, cfg)
+    try:
+        res = load_result(path)
+        _load_partition(path)
+    except Exception as e:   # noqa: BLE001 - any parse failure of a stored file is damage, named here
+        raise Damaged(f"a result file does not parse ({type(e).__name__}: {str(e)[:80]})") from None
+    if json.dumps(summarise(res.history), sort_keys=True) != json.dumps(res.summary, sort_keys=True):   # NaN-safe
+        raise Damaged("summary.json is not the summary of metrics.csv")
+    if len(res.per_client) != len(res.history) or not res.history:
+        raise Damaged("per_client.csv and metrics.csv disagree on the evaluated rounds")
+    if manifest is None:
+        write_manifest(path, cfg)   # a run stored before manifests (or killed just before its manifest): adopted
+    if not keeps_checkpoint(cfg) and (path / "checkpoint.pt").exists():
+        _drop_checkpoint(path)      # its trainer was killed between the manifest and this
+    return res
+
+
+def quarantine_root(path: Path) -> Path:
+    return path.parent.with_name(path.parent.name + "-quarantine")
+
+
+def quarantine(path: Path, why: str, files: tuple = ()) -> Path:
+    """Move a damaged run (or some of its files) aside, never deleting anything; say so in one line."""
+    dest = quarantine_root(path) / f"{path.name}-{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**9:09d}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if files:
+        dest.mkdir()
+        for f in files:
+            if (path / f).exists():
+                shutil.move(str(path / f), str(dest / f))
+    else:
+        shutil.move(str(path), str(dest))
+    print(f"[pflrepro] run {path.name}: {why}; {'those files' if files else 'the run'} moved to {dest}; recomputing",
+          file=sys.stderr, flush=True)
+    return dest
+
+
+def _salvage(path: Path) -> dict:
+    """Of a damaged finished run, the files a recomputation can start from: its checkpoint and partition where the
+    manifest vouches for them (their sha256)."""
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+    except Exception:   # noqa: BLE001 - no manifest to vouch: start afresh
+        return {}
+    return {f: (path / f).read_bytes() for f in ("checkpoint.pt", "partition.npz")
+            if f in files and (path / f).exists() and _sha256(path / f) == files[f]["sha256"]}
+
+
+def _serve(path: Path, cfg: RunConfig) -> RunResult | None:
+    """The stored result if it verifies; else quarantine it (keeping what can restart it) and None."""
+    try:
+        return verify(path, cfg)
+    except Damaged as e:
+        keep = _salvage(path) if "checkpoint.pt" in os.listdir(path) else {}
+        quarantine(path, str(e))
+        if "checkpoint.pt" in keep:
+            path.mkdir(parents=True)
+            for f, blob in keep.items():
+                (path / f).write_bytes(blob)
+        return None
+
+
+def _train_lock_file(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
+def train_lock(path: Path) -> int | None:
+    """Hold the run's training lock (one trainer per run, whichever process or driver started it): wait, saying so
+    once, while another process trains it."""
+    from .locks import lock
+    fd = lock(_train_lock_file(path), block=False)
+    if fd is None:
+        print(f"[pflrepro] run {path.name} is being trained by another process: waiting for it", file=sys.stderr,
+              flush=True)
+        fd = lock(_train_lock_file(path), block=True)
+    return fd
+
+
+CKPT_SHA = "checkpoint.sha256"   # beside checkpoint.pt: its sha256, written with it (a resumed run checks it)
+
+
+def _resume_point(cfg: RunConfig, path: Path, device) -> tuple[dict | None, dict]:
+    """(checkpoint, partition) to resume an unfinished run from. The partition is rebuilt from the config (it is
+    deterministic) and must equal the stored one; the checkpoint must match its sha256 and load as a pflrepro
+    checkpoint. Either failing: both are set aside (quarantine) and the run starts from round 1."""
+    split = build_partition(cfg)
+    if not (path / "checkpoint.pt").exists():
+        return None, split
+    try:
+        want = (path / CKPT_SHA).read_text().strip() if (path / CKPT_SHA).exists() else None
+        if want is not None and _sha256(path / "checkpoint.pt") != want:
+            raise Damaged("checkpoint.pt differs from its sha256")
+        stored = _load_partition(path)
+        if [len(stored[p]) for p in split] != [len(split[p]) for p in split] or not all(
+                np.array_equal(a, b) for p in split for a, b in zip(stored[p], split[p])):
+            raise Damaged("partition.npz is not this config's partition")
+        start = torch.load(path / "checkpoint.pt", map_location=device, weights_only=True)
+        if not isinstance(start, dict) or not {"round", "server", "clients", "history", "per_client"} <= set(start):
+            raise Damaged("checkpoint.pt is not a pflrepro checkpoint")
+        return start, split
+    except Exception as e:   # noqa: BLE001 - whatever stops a resume (torch's unpickler, zip, numpy): start afresh
+        why = str(e) if isinstance(e, Damaged) else f"cannot resume from checkpoint.pt/partition.npz ({type(e).__name__})"
+        quarantine(path, why, ("checkpoint.pt", CKPT_SHA, "partition.npz"))
+        return None, split
+
+
 def _prepare(cfg: RunConfig, path: Path, force: bool):
     """(checkpoint to resume from or None, context, algorithm) of a run whose folder is `path` (created here)."""
     device = gpu.device(cfg.device)   # 'cuda' without CUDA: refused before the folder exists
+    if (path / "config.json").exists():
+        try:
+            same = json.loads((path / "config.json").read_text()) == json.loads(json.dumps(cfg.to_dict()))
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            quarantine(path, "the unfinished run's config.json is not the requested config")
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
-    start = None
-    if (path / "checkpoint.pt").exists() and not force:
-        start = torch.load(path / "checkpoint.pt", map_location=device, weights_only=True)
-        split = _load_partition(path)
-    else:
-        split = build_partition(cfg)
+    _write_atomic(path / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
+    if force:
+        for f in (MANIFEST, "summary.json", "checkpoint.pt", CKPT_SHA):
+            (path / f).unlink(missing_ok=True)
+    start, split = _resume_point(cfg, path, device)
+    if start is None:
         _save_partition(path, split)
     ctx = build_context(cfg, device, split)
     return start, ctx, ALGORITHMS[cfg.algorithm](ctx, **cfg.hparams)
@@ -173,15 +373,29 @@ def _warn_torch_first() -> None:
 
 def run(cfg: RunConfig | dict, *, root: Path | str | None = None, progress: bool = True,
         force: bool = False) -> RunResult:
-    """Run one config, or return its stored result. Resumes from a checkpoint if one exists."""
+    """Run one config, or return its stored result (verified: module doc). Resumes from a checkpoint if one exists.
+    One process trains a run at a time: another on the same run waits, then serves what it stored."""
+    from .locks import unlock
     cfg = cfg if isinstance(cfg, RunConfig) else RunConfig.from_dict(cfg)
     path = run_dir(cfg, root)
-    if (path / "summary.json").exists() and not force:
-        return load_result(path)
+    if not force and is_finished(path) and (res := _serve(path, cfg)) is not None:
+        return res
     _warn_torch_first()
+    fd = train_lock(path)
+    try:
+        if not force and is_finished(path) and (res := _serve(path, cfg)) is not None:
+            return res          # the process we waited for trained it
+        return _train(cfg, path, progress, force)
+    finally:
+        unlock(_train_lock_file(path), fd)
+
+
+def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult:
     created = not path.exists()
     # a setting the data refuses (more clients than samples), or a GPU share ($PFLREPRO_GPU_FRACTION) the run cannot
     # fit in (gpu.fit, before round 1), is refused here: leave no folder behind
+    for name in {cfg.dataset, cfg.public.get("dataset")} - {None, ""}:
+        datacache.check(name)     # a tensor cache that differs from its checked source is rebuilt first
     try:
         start, ctx, algo = _prepare(cfg, path, force)
         gpu.fit(ctx, algo, start)
@@ -196,25 +410,59 @@ def run(cfg: RunConfig | dict, *, root: Path | str | None = None, progress: bool
 
     def save(state: dict):
         state = {**state, "wall_seconds": wall_before + time.perf_counter() - t0}
-        tmp = ckpt_path.with_suffix(".tmp")
+        tmp = ckpt_path.with_name(f".checkpoint.{os.getpid()}.tmp")
         torch.save(state, tmp)
+        digest = _sha256(tmp)
         os.replace(tmp, ckpt_path)  # atomic: a kill never leaves a half-written checkpoint
+        _write_atomic(path / CKPT_SHA, digest)
         die = os.environ.get("PFLREPRO_DIE_AFTER_ROUND")  # test hook: SIGKILL ourselves here
         if die is not None and int(die) == int(state["round"]):
             os.kill(os.getpid(), 9)
+        time.sleep(float(os.environ.get("PFLREPRO_PAUSE_AFTER_CHECKPOINT", 0)))   # test hook: a slow trainer
 
     beat = Heartbeat(path / HEARTBEAT, cfg.rounds)
     res = run_rounds(ctx, algo, start=start, on_checkpoint=save, progress=progress, on_round=beat)
     beat.clear()
-    wall = wall_before + time.perf_counter() - t0
-    _write_metrics(path, res.history, res.per_client)
-    summary = summarise(res.history)
-    (path / "summary.json").write_text(json.dumps(summary, indent=2))
-    prov = provenance(cfg, ctx, wall, res, git_at_start)
-    (path / "provenance.json").write_text(json.dumps(prov, indent=2))
-    if not keeps_checkpoint(cfg):
-        ckpt_path.unlink(missing_ok=True)
+    _check_finite(cfg, path, res.history, created)
+    prov = provenance(cfg, ctx, wall_before + time.perf_counter() - t0, res, git_at_start)
+    summary = _complete(cfg, path, res, prov)
     return RunResult(cfg, path, res.history, res.per_client, summary, prov)
+
+
+FINITE = ("pm_acc_mean", "pm_acc_weighted", "sim_time")   # gm_acc is NaN by design where there is no global model
+
+
+def _check_finite(cfg: RunConfig, path: Path, history: list, created: bool) -> None:
+    """A run whose personalized accuracy or simulated time is not finite is not stored as finished (issue 34:
+    `split_params.fractions=[1.0, 0.0]` leaves no client a test set, `clock.sigma=1e300` an infinite clock)."""
+    for row in history:
+        for k in FINITE:
+            if k in row and not math.isfinite(row[k]):
+                shutil.rmtree(path, ignore_errors=True) if created else _drop_checkpoint(path)
+                raise RunFailed(f"run {path.name}: {k}={row[k]} at round {row['round']}: the run's metrics are not "
+                                "finite (a client without test data? an infinite clock?); nothing was stored")
+
+
+def _drop_checkpoint(path: Path) -> None:
+    for f in ("checkpoint.pt", CKPT_SHA):
+        (path / f).unlink(missing_ok=True)
+
+
+def _complete(cfg: RunConfig, path: Path, res, prov: dict) -> dict:
+    """Completion: the result files, each by rename, then the manifest (the run is finished from that rename on),
+    then the checkpoint goes unless kept. A kill anywhere before the manifest leaves an unfinished run that resumes
+    from its checkpoint (or one `verify` adopts, when every file was written)."""
+    _write_metrics(path, res.history, res.per_client)
+    _die_before("provenance.json")
+    _write_atomic(path / "provenance.json", json.dumps(prov, indent=2))
+    summary = summarise(res.history)
+    _die_before("summary.json")
+    _write_atomic(path / "summary.json", json.dumps(summary, indent=2))
+    write_manifest(path, cfg)
+    _die_before("checkpoint")
+    if not keeps_checkpoint(cfg):
+        _drop_checkpoint(path)
+    return summary
 
 
 KEEP_ENV = "PFLREPRO_KEEP_CHECKPOINTS"
@@ -237,7 +485,7 @@ def prune_checkpoints(root: Path | str | None = None, dry_run: bool = False) -> 
     n = size = 0
     for d in sorted(p for p in base.iterdir() if p.is_dir()) if base.exists() else []:
         ckpt = d / "checkpoint.pt"
-        if not ((d / "summary.json").exists() and ckpt.exists() and (d / "config.json").exists()):
+        if not (is_finished(d) and ckpt.exists() and (d / "config.json").exists()):
             continue
         if keeps_checkpoint(json.loads((d / "config.json").read_text())):
             continue
@@ -249,7 +497,10 @@ def prune_checkpoints(root: Path | str | None = None, dry_run: bool = False) -> 
 
 def _save_partition(path: Path, split: dict):
     arrays = {f"{part}_{k}": np.asarray(a, dtype=np.int64) for part, lst in split.items() for k, a in enumerate(lst)}
-    np.savez_compressed(path / "partition.npz", **arrays)
+    tmp = path / f".partition.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    os.replace(tmp, path / "partition.npz")
 
 
 def _load_partition(path: Path) -> dict:
@@ -272,16 +523,21 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def _write_metrics(path: Path, history: list, per_client: list):
+    """metrics.csv and per_client.csv, each written by rename."""
+    _die_before("metrics.csv")
+    buf = io.StringIO(newline="")
     if history:
-        with open(path / "metrics.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(history[0]))
-            w.writeheader()
-            w.writerows(history)
-    with open(path / "per_client.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["round"] + [f"client_{k}" for k in range(len(per_client[0]) if per_client else 0)])
-        for r, accs in zip(history, per_client):
-            w.writerow([r["round"]] + [f"{a:.6f}" for a in accs])
+        w = csv.DictWriter(buf, fieldnames=list(history[0]), lineterminator="\r\n")
+        w.writeheader()
+        w.writerows(history)
+        _write_atomic(path / "metrics.csv", buf.getvalue())
+    _die_before("per_client.csv")
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf, lineterminator="\r\n")
+    w.writerow(["round"] + [f"client_{k}" for k in range(len(per_client[0]) if per_client else 0)])
+    for r, accs in zip(history, per_client):
+        w.writerow([r["round"]] + [f"{a:.6f}" for a in accs])
+    _write_atomic(path / "per_client.csv", buf.getvalue())
 
 
 # Tracked files that `dvc repro` itself rewrites (the lock, the metrics, README's summary block): a checkout

@@ -30,7 +30,7 @@ from ..core.training import Divergence
 from ..params import ConfigError
 from ..paths import REPO_ROOT, results_root
 from .experiments import grid, load_profile, merge, run_grid
-from .store import run_dir
+from .store import is_finished, run_dir
 
 
 def load_space(name: str, profile: str) -> dict:
@@ -131,7 +131,7 @@ def diverged_runs(exc: BaseException, configs: dict, root: Path) -> list:
     if not isinstance(exc, Divergence) and "pflrepro.core.training.Divergence" not in str(exc):
         return []
     return [k for k, c in configs.items()
-            if (run_dir(c, root) / "config.json").exists() and not (run_dir(c, root) / "summary.json").exists()]
+            if (run_dir(c, root) / "config.json").exists() and not is_finished(run_dir(c, root))]
 
 
 def run_tolerating_divergence(configs: dict, root: Path, **kw) -> tuple[dict, dict]:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 from pflrepro.core.clock import time_to
 from pflrepro.paths import results_root
-from pflrepro.pipeline.store import load_result
+from pflrepro.pipeline.store import is_finished, load_result
 
 
 def main() -> None:
     store = Path(sys.argv[1]) if len(sys.argv) > 1 else results_root() / "runs"
-    runs = [load_result(p) for p in sorted(store.iterdir()) if (p / "summary.json").exists()]
+    runs = [load_result(p) for p in sorted(store.iterdir()) if is_finished(p)]
     print("| run | GM best | PM best | PM last-10 | rounds |\n|---|---|---|---|---|")
     for r in runs:
         s = r.summary
