@@ -51,3 +51,13 @@ def small_cfg(**kw):
                 rounds=3, local_epochs=1, batch_size=32, lr=0.05, momentum=0.9, checkpoint_every=1)
     base.update(kw)
     return base
+
+
+def load_script(path):
+    """A script (scripts/, benchmarks/) imported as a module, from its file: its functions tested without running it."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -17,17 +17,14 @@ import nbformat
 import pytest
 
 from pflrepro.paths import REPO_ROOT
-from tests.conftest import FMNIST_AVAILABLE
+from tests.conftest import FMNIST_AVAILABLE, load_script
 
 SCRIPT = REPO_ROOT / "scripts" / "browser_check.py"
 EXAMPLE = REPO_ROOT / "notebooks" / "example.ipynb"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("browser_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 bc = _load()

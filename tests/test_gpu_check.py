@@ -4,7 +4,6 @@ two calls' evidence."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import subprocess
 import sys
 
@@ -13,16 +12,13 @@ import pytest
 from pflrepro.algorithms import ALGORITHMS
 from pflrepro.paths import REPO_ROOT
 from pflrepro.pipeline import experiments
-from tests.conftest import FMNIST_AVAILABLE
+from tests.conftest import FMNIST_AVAILABLE, load_script
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu_check.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def _rows(path):

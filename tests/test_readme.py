@@ -63,12 +63,10 @@ def test_every_readme_command_is_checked():
 def test_readme_device_check_command_is_one_the_script_takes(tmp_path, monkeypatch):
     """The device check as written: its options are the script's (the script itself runs in CI through
     tests/test_gpu_check.py's tiny mode; here its parser is given the README's flags and must accept them)."""
-    import importlib.util
+    from tests.conftest import load_script
     (cmd,) = [c for c in _commands() if _kind(c) == "device_check"]
     argv = shlex.split(cmd)
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO_ROOT / "scripts" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(REPO_ROOT / "scripts" / "gpu_check.py")
     seen = {}
     monkeypatch.setattr(mod, "steps", lambda a, *rest: seen.update(vars(a)))
     monkeypatch.setattr(mod, "fmnist_source", lambda rep: None)
