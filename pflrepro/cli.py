@@ -254,7 +254,8 @@ def _check_data(cfg) -> None:
     error naming its key, before the run's folder exists (issue 33: a traceback, and a folder left with config.json)."""
     from .data.datasets import DatasetUnavailable
     from .federation.build import raw_dataset
-    for key, name in (("dataset", cfg.dataset), ("public.dataset", cfg.public["dataset"] if cfg.public["size"] else "")):
+    public = cfg.public["dataset"] if cfg.public["size"] else ""
+    for key, name in (("dataset", cfg.dataset), ("public.dataset", public)):
         try:
             if name:
                 raw_dataset(name)

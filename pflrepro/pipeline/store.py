@@ -421,7 +421,12 @@ def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult
         time.sleep(float(os.environ.get("PFLREPRO_PAUSE_AFTER_CHECKPOINT", 0)))   # test hook: a slow trainer
 
     beat = Heartbeat(path / HEARTBEAT, cfg.rounds)
-    res = run_rounds(ctx, algo, start=start, on_checkpoint=save, progress=progress, on_round=beat)
+    try:
+        res = run_rounds(ctx, algo, start=start, on_checkpoint=save, progress=progress, on_round=beat)
+    except Exception:   # refused before round 1 (engine='batched' that cannot batch or fit), or failed before any
+        if created and not ckpt_path.exists():   # checkpoint: nothing to resume, leave no folder behind
+            shutil.rmtree(path, ignore_errors=True)
+        raise
     beat.clear()
     _check_finite(cfg, path, res.history, created)
     prov = provenance(cfg, ctx, wall_before + time.perf_counter() - t0, res, git_at_start)
