@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from ..algorithms import ALGORITHMS
+from ..core.batched import MemoryBudgetError, NotBatchable
 from ..core.context import Context
 from ..core.loop import run_rounds
 from ..federation.build import build_context, build_partition
@@ -423,10 +424,10 @@ def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult
     beat = Heartbeat(path / HEARTBEAT, cfg.rounds)
     try:
         res = run_rounds(ctx, algo, start=start, on_checkpoint=save, progress=progress, on_round=beat)
-    except Exception:   # refused before round 1 (engine='batched' that cannot batch or fit), or failed before any
-        if created and not ckpt_path.exists():   # checkpoint: nothing to resume, leave no folder behind
+    except (ConfigError, NotBatchable, MemoryBudgetError):   # refused before round 1 (engine='batched' that cannot
+        if created and not ckpt_path.exists():             # batch or fit): nothing to resume, leave no folder behind
             shutil.rmtree(path, ignore_errors=True)
-        raise
+        raise           # (a Divergence keeps its folder: tune finds the runs that diverged by it)
     beat.clear()
     _check_finite(cfg, path, res.history, created)
     prov = provenance(cfg, ctx, wall_before + time.perf_counter() - t0, res, git_at_start)
