@@ -16,6 +16,10 @@ class ConfigError(ValueError):
 # paper's value (the largest: FedRep's 10 head epochs, pFedMe's K = 5, FedDF's 10^4 distillation steps).
 MAX_EPOCHS = 1000
 MAX_STEPS = 10**6
+# float32's smallest normal and largest finite values (numpy.finfo(numpy.float32).tiny, .max): a float setting outside
+# them becomes 0 or inf inside torch (issue 33's fuzz test: lr=1e300 overflowed SGD, temperature=1e-300 divided by 0)
+FLOAT32_TINY = 1.1754943508222875e-38
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,9 @@ class Param:
             raise ConfigError(f"{key}={value!r}: expected {t.__name__}, got {type(value).__name__}")
         if t is float and not math.isfinite(value):  # nan passes every range check (its comparisons are False)
             raise ConfigError(f"{key}={value!r}: must be a finite number")
+        if t is float and value != 0 and not FLOAT32_TINY <= abs(value) <= FLOAT32_MAX:   # torch computes in float32
+            raise ConfigError(f"{key}={value!r}: not representable as a 32-bit float (|x| between "
+                              f"{FLOAT32_TINY:.3g} and {FLOAT32_MAX:.3g}, or 0)")
         if self.choices is not None and value not in self.choices:
             raise ConfigError(f"{key}={value!r}: allowed values are {', '.join(map(repr, self.choices))}")
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
@@ -57,7 +64,7 @@ def check_params(prefix: str, given: dict, schema: dict[str, Param]) -> dict:
     """Validate a dict of settings against a schema; fill defaults."""
     if not isinstance(given, dict):
         raise ConfigError(f"{prefix}={given!r}: expected a mapping")
-    unknown = sorted(set(given) - set(schema))
+    unknown = sorted(set(given) - set(schema), key=str)   # a YAML file's keys may be numbers
     if unknown:
         allowed = ", ".join(sorted(schema)) or "(none)"
         name = f"{prefix}.{unknown[0]}" if prefix else unknown[0]

@@ -423,68 +423,7 @@ def _keys_at(families: dict, value: str) -> str:
     return "|".join(rf"\[{re.escape(f)}\] .*\b({keys})={value}$" for f, keys in families.items())
 
 
-KNOWN_FAILURES = [   # (regex on str(case), reason); a matching case is an xfail(strict=True) in test_known_failures
-    (_keys_at(OVERFLOW, r"1\.0e\+300"),
-     FLOAT32.format(what="SGD raises RuntimeError 'value cannot be converted to type float without overflow', or "
-                         "(the MLP) the first loss is nan: Divergence, exit 1, 'run diverged: ...'")),
-    (_keys_at(DIVERGE, r"1\.0e\+300") + "|" + _keys_at({"hparams/fedbsd": "temperature"}, r"(5e-324|1e-300)"),
-     FLOAT32.format(what="the first loss is inf/nan and the run stops with Divergence (exit 1, 'run diverged: ...', "
-                         "its folder left in the store)")),
-    (_keys_at({"clock": "gflops|uplink_mbps|downlink_mbps"}, r"5e-324"),
-     FLOAT32.format(what="a clock rate of 5e-324 makes sim_time inf (numpy RuntimeWarnings on stderr), which the "
-                         "store refuses after the run ('config error: run ...: sim_time=inf at round 1: the run's "
-                         "metrics are not finite'), naming no key")),
-    (_keys_at({"clock": "sigma"}, r"1\.0e\+300"),
-     "core/clock.py CLOCK_SCHEMA: sigma has no upper bound; exp(sigma * z) overflows (numpy RuntimeWarnings on "
-     "stderr) and sim_time is inf, which the store refuses after the run naming no key. Fix: Param(float, 0.5, ..., "
-     "low=0.0, high=5.0) (a 150x spread at one standard deviation)"),
-    (_keys_at({"partition/lognormal": "mean_size"}, r"(1\.0e\+300|1e-300|5e-324)") + "|"
-     + _keys_at({"partition/lognormal": "sigma"}, r"1\.0e\+300") + "|"
-     + _keys_at({"partition/lognormal": "min_size"}, r"10{30}"),
-     "data/partition.py PARTITION_SCHEMAS['lognormal']: mean_size and sigma have no upper bound and mean_size no "
-     "useful lower one: 1e300 overflows the int64 cast of the sizes (numpy RuntimeWarnings on stderr), ~0 leaves "
-     "clients without test samples, so pm_acc is nan and the store refuses the finished run naming no key ('config "
-     "error: run ...: pm_acc_mean=nan at round 1'); min_size=10**30 raises OverflowError in the int64 cast. Fix: "
-     "mean_size low=1.0, high=1e6; sigma high=10.0; min_size high=10**6"),
-    (_keys_at({"split/global_test_by_proportion": "scale"}, r"(1\.0e\+300|1e-300|5e-324)"),
-     "data/partition.py SPLIT_SCHEMAS['global_test_by_proportion']: scale has no upper bound and ~0 is allowed: "
-     "1e300 overflows the int64 cast (a RuntimeWarning on stderr), ~0 gives clients no local test samples; pm_acc "
-     "is nan and the store refuses the finished run naming no key. Fix: Param(float, None, ..., low=1e-3, high=100.0), "
-     "or a ConfigError in the split when a client's test set is empty"),
-    (_keys_at({"split/perfed_ckt": "test_fraction"}, r"(0\.0|-0\.0|1e-300|5e-324)"),
-     "data/partition.py SPLIT_SCHEMAS['perfed_ckt']: test_fraction may be 0, so clients have no test data and "
-     "pm_acc is nan; the store refuses the finished run ('config error: run ...: pm_acc_mean=nan at round 1'), "
-     "naming no key. Fix: Param(float, 0.5, '', low=0.0, high=1.0, low_open=True), or a ConfigError in the split "
-     "when a client's test set is empty"),
-    (r"hparams/(fedbabu|fedbsd|fedpac|fedrep)\].*hparams\.head_layers=10{12,}$",
-     "data/models.py head_param_names: head_layers above the model's parametrised layers leaves no body, and the "
-     "algorithm's body optimizer raises ValueError 'optimizer got an empty parameter list' (or, fused SGD, "
-     "NotImplementedError on aten::_fused_sgd_; a traceback, the run's folder left). Fix: raise "
-     "ConfigError(f'head_layers={n_layers}: the model has {len(groups)} parametrised layers; the head must leave a "
-     "body (at most {len(groups) - 1})') when n_layers >= len(groups) (it runs in _prepare, whose ConfigError "
-     "removes the folder)"),
-    (r"hparams/hypcluster\].*hparams\.clusters=10{12,}$",
-     "algorithms/hypcluster.py: clusters has no upper bound; server_init builds one model per cluster, 10**12 of them "
-     "(a hang). Fix: Param(int, 2, ..., low=1, high=100) (PerFed-CKT runs c <= 6)"),
-    (r"hparams/dcpfl\].*hparams\.n_virtual=10{12,}$",
-     "algorithms/dcpfl.py: n_virtual has no upper bound; the server allocates n_virtual x features virtual samples "
-     "(RuntimeError: can't allocate 51 TB; 10**30: OverflowError). Fix: Param(int, 1000, ..., low=1, high=10**6)"),
-    (r"models=\[[^\]]",
-     "federation/config.py RunConfig.from_dict: each entry of `models` is checked as `_choice('model', m, MODELS)`: "
-     "the refusal names `model`, not `models`, and a list or dict entry raises TypeError 'unhashable type'. Fix: "
-     "`for key, m in [('model', top['model']), *(('models', m) for m in top['models'])]: if not isinstance(m, str): "
-     "raise ConfigError(f'{key}={m!r}: expected a model name'); _choice(key, m, models.MODELS)`"),
-    (r"split/perfed_ckt\].*(train_choices=\[(|abc|\[1\]|\.nan|\{a: 1\}|-1\.0, 2\.0|0\.5, 0\.5, 0\.5, 0\.5)\]"
-     r"|(val|test)_fraction=1\.0)$",
-     "federation/config.py and federation/build.py: split_params.train_choices' entries are not checked (a string, "
-     "list, dict or nan reaches the split: TypeError/ValueError; [] divides by zero in pipeline/parallel.py "
-     "train_fraction), and the split's own ValueError ('train + val + test fractions must not exceed 1', 'must be "
-     "positive fractions') is not a ConfigError. Fix: in from_dict, train_choices must be a non-empty list of "
-     "finite numbers in (0, 1) with max + val_fraction + test_fraction <= 1; in build_partition, wrap the SPLITS call "
-     "as the partitioner's is (`except ValueError as e: raise ConfigError(f'split={cfg.split}: {e}')`)"),
-    (r"\[config/a number and a name as unknown keys\]",
-     "params.py check_params: `sorted(set(given) - set(schema))` of an int and a str key raises TypeError. Fix: "
-     "sorted(..., key=str)"),
+KNOWN_FAILURES: list = [   # (regex on str(case), reason); a matching case is an xfail(strict=True) in test_known_failures
 ]
 
 

@@ -44,7 +44,7 @@ class DCPFL(FedGH):
         "align": Param(str, "sq", "eq. 3 distance: 'sq' ||.||^2 per sample, 'l2' ||.||, 'mse' ||.||^2 / d",
                        choices=("sq", "l2", "mse")),
         "calibrate": Param(bool, True, "global classifier calibration on virtual features; False = 'w/o GC'"),
-        "n_virtual": Param(int, 1000, "sum_c |G_c| (Table 3; paper uses 1,000)", low=1),
+        "n_virtual": Param(int, 1000, "sum_c |G_c| (Table 3; paper uses 1,000)", low=1, high=10**6),
         "server_lr": Param(float, 0.01, "eta_phi (Sec. 6.1: SGD, lr 0.01 for the global classifier)",
                            low=0.0, low_open=True),
         "server_epochs": Param(int, 1, "epochs of eq. 12 over the virtual features (paper: unstated)", low=0, high=MAX_EPOCHS),

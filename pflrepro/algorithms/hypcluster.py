@@ -60,7 +60,7 @@ class HypCluster(Algorithm):
     generic = False
     HPARAMS = {
         "clusters": Param(int, 2, "c, number of hypotheses (cluster models); PerFed-CKT Table 1 runs c = 2, 3, 5, 6",
-                          low=1),
+                          low=1, high=100),
     }
 
     @classmethod

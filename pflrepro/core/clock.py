@@ -50,7 +50,8 @@ CLOCK_SCHEMA: dict[str, Param] = {
     "gflops": Param(float, 5.0, "mean client compute rate for training, GFLOP/s", low=0.0, low_open=True),
     "uplink_mbps": Param(float, 5.0, "mean client uplink bandwidth, Mbit/s", low=0.0, low_open=True),
     "downlink_mbps": Param(float, 25.0, "mean client downlink bandwidth, Mbit/s", low=0.0, low_open=True),
-    "sigma": Param(float, 0.5, "log-normal spread of each client's rate and bandwidths (0: identical clients)", low=0.0),
+    "sigma": Param(float, 0.5, "log-normal spread of each client's rate and bandwidths (0: identical clients; at most 5: "
+                   "a 150x spread at one standard deviation)", low=0.0, high=5.0),
     "server_s": Param(float, 0.05, "server time per update folded in, seconds (a synchronous round of m clients: "
                       "m x server_s)", low=0.0),
 }

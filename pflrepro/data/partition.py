@@ -908,6 +908,9 @@ def global_test_by_proportion(
     by_class = [np.flatnonzero(test_labels == c) for c in range(n_classes)]
     avail = np.array([len(b) for b in by_class])
     want = np.minimum(want, avail[None, :])
+    if len(clients) and not want.sum():   # every PM accuracy would be NaN (issue 33): refused before any work
+        raise ValueError(f"scale={scale:g}: no client gets a local test sample (the largest client trains on "
+                         f"{int(counts.sum(1).max())}); raise scale")
     rng = np.random.default_rng(seed)
     tests = []
     for i in range(len(clients)):
@@ -1030,10 +1033,10 @@ PARTITION_SCHEMAS: dict[str, dict[str, Param]] = {
                                "high": Param(float, 0.6, "share upper bound", low=0.0, high=1.0)},
     "by_domain": {},
     "lognormal": {"classes_per_client": Param(int, 3, "distinct classes per client (FedRep's FEMNIST: 3)", low=1),
-                  "mean_size": Param(float, 148.0, "average samples a client (FedRep's FEMNIST: 148)", low=0.0,
-                                     low_open=True),
-                  "sigma": Param(float, 1.0, "shape of the log-normal sizes (ours: not stated)", low=0.0),
-                  "min_size": Param(int, 1, "smallest client", low=0)},
+                  "mean_size": Param(float, 148.0, "average samples a client (FedRep's FEMNIST: 148)", low=1.0,
+                                     high=1e6),
+                  "sigma": Param(float, 1.0, "shape of the log-normal sizes (ours: not stated)", low=0.0, high=10.0),
+                  "min_size": Param(int, 1, "smallest client", low=0, high=10**6)},
 }
 
 SPLIT_SCHEMAS: dict[str, dict[str, Param]] = {
@@ -1041,9 +1044,9 @@ SPLIT_SCHEMAS: dict[str, dict[str, Param]] = {
                "stratify": Param(bool, True, "split each client's classes proportionally")},
     "perfed_ckt": {"train_choices": Param(tuple, (0.1, 0.3, 0.4), "train fraction drawn per client from these"),
                    "val_fraction": Param(float, 0.1, "", low=0.0, high=1.0),
-                   "test_fraction": Param(float, 0.5, "", low=0.0, high=1.0),
+                   "test_fraction": Param(float, 0.5, "", low=0.0, high=1.0, low_open=True),   # every client tests
                    "stratify": Param(bool, True, "")},
     "domain_test": {},
     "global_test_by_proportion": {"scale": Param(float, None, "local test size = scale x train size "
-                                                 "(default |test|/|train|)", low=0.0, low_open=True)},
+                                                 "(default |test|/|train|)", low=1e-3, high=100.0)},
 }

@@ -66,7 +66,10 @@ def build_partition(cfg: RunConfig) -> dict:
         kw["test_labels"] = raw.y_test.numpy()
     if getattr(SPLITS[cfg.split], "uses_domains", False):   # each client's tests: its domain's test half
         kw["test_domains"] = None if raw.d_test is None else raw.d_test.numpy()
-    split = SPLITS[cfg.split](y_pool, parts, seed=cfg.seed, **kw)
+    try:
+        split = SPLITS[cfg.split](y_pool, parts, seed=cfg.seed, **kw)
+    except ValueError as e:   # a split the settings cannot make: one line, before any work (issue 33)
+        raise ConfigError(f"split={cfg.split}: {e}") from None
     empty = [k for k, tr in enumerate(split["train"]) if len(tr) == 0]
     if empty:
         raise ValueError(f"partition '{cfg.partition}' with {cfg.partition_params} left clients {empty[:10]} "

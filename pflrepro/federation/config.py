@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 
 from .. import algorithms
@@ -124,8 +125,10 @@ class RunConfig:
         _choice("dataset", top["dataset"], data.SPECS)
         _choice("partition", top["partition"], partition.PARTITIONERS)
         _choice("split", top["split"], partition.SPLITS)
-        for m in (top["model"], *top["models"]):
-            _choice("model", m, models.MODELS)
+        for key, m in [("model", top["model"]), *(("models", m) for m in top["models"])]:
+            if not isinstance(m, str):   # a list or dict entry was unhashable in the registry lookup
+                raise ConfigError(f"{key}={m!r}: expected a model name")
+            _choice(key, m, models.MODELS)
         _choice("model_assign", top["model_assign"], models.ASSIGNERS)
         top["hparams"] = check_params("hparams", top["hparams"], algorithms.ALGORITHMS[top["algorithm"]].HPARAMS)
         top["partition_params"] = check_params("partition_params", top["partition_params"],
@@ -134,6 +137,7 @@ class RunConfig:
         top["public"] = _check_public(top, data.SPECS, algorithms.ALGORITHMS[top["algorithm"]])
         top["clock"] = check_params("clock", top["clock"], clock.CLOCK_SCHEMA)
         top["schedule"] = check_params("schedule", top["schedule"], schedule.SCHEDULE_SCHEMA)
+        _check_train_choices(top["split_params"])
         fr = top["split_params"].get("fractions")
         if fr is not None and (len(fr) not in (2, 3) or any(f < 0 for f in fr) or sum(fr) > 1 + 1e-9):
             raise ConfigError(f"split_params.fractions={list(fr)!r}: 2 or 3 non-negative fractions summing to <= 1")
@@ -199,6 +203,20 @@ def _check_public(top: dict, specs: dict, algo_cls) -> dict:
         raise ConfigError(f"public.size=0: algorithm={top['algorithm']!r} distils on an unlabeled public set; "
                           "set public.size (and public.dataset / public.split), e.g. public={'size': 2000}")
     return pub
+
+
+def _check_train_choices(sp: dict) -> None:
+    """PerFed-CKT's split: each client's train fraction is drawn from `train_choices`; with the validation and test
+    fractions it must fit in the client's data (issue 33: a string, nan or [] reached the split)."""
+    if "train_choices" not in sp:
+        return
+    tc = sp["train_choices"]
+    if not tc or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 < v < 1
+                         for v in tc):
+        raise ConfigError(f"split_params.train_choices={list(tc)!r}: a non-empty list of fractions in (0, 1)")
+    if max(tc) + sp["val_fraction"] + sp["test_fraction"] > 1 + 1e-9:
+        raise ConfigError(f"split_params.train_choices={list(tc)!r}: the largest, with val_fraction="
+                          f"{sp['val_fraction']!r} and test_fraction={sp['test_fraction']!r}, exceeds 1")
 
 
 def _choice(key, value, registry):
