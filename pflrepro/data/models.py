@@ -755,10 +755,6 @@ def head_param_names(model: nn.Module, n_layers: int = 1) -> list[str]:
     if n_layers == 0:
         return []
     groups = layer_param_groups(model)
-    if n_layers > len(groups):   # issue 33: head_layers=10**12 left the body optimizer nothing to train
-        from ..params import ConfigError
-        raise ConfigError(f"head_layers={n_layers}: the model has {len(groups)} parametrised layers; the head is at "
-                          f"most {len(groups)} of them")
     return [n for g in groups[-n_layers:] for n in g]
 
 
