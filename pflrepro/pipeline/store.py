@@ -285,8 +285,11 @@ def _serve(path: Path, cfg: RunConfig) -> RunResult | None:
     try:
         return verify(path, cfg)
     except Damaged as e:
-        keep = _salvage(path) if "checkpoint.pt" in os.listdir(path) else {}
-        quarantine(path, str(e))
+        try:
+            keep = _salvage(path) if "checkpoint.pt" in os.listdir(path) else {}
+            quarantine(path, str(e))
+        except FileNotFoundError:   # another process serving the same damaged run moved it first: it recomputes,
+            return None             # and our training lock waits for it
         if "checkpoint.pt" in keep:
             path.mkdir(parents=True)
             for f, blob in keep.items():
