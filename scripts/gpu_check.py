@@ -43,7 +43,7 @@ import pflrepro  # noqa: F401, I001  (first: its thread settings must precede to
 import torch
 
 from pflrepro.algorithms import ALGORITHMS
-from pflrepro.pipeline.store import is_finished, load_result, run, run_dir
+from pflrepro.pipeline.store import WALL_COLUMNS, is_finished, load_result, run, run_dir
 
 SMOKE = {"dataset": "fmnist", "subsample": 0.02, "n_clients": 4, "partition": "iid", "split": "random",
          "split_params": {"fractions": [0.8, 0.2]}, "model": "cnn_cifar10", "rounds": 1, "local_epochs": 1,
@@ -183,7 +183,7 @@ def engines_agree(device: str, clock: Clock, until: float, root: Path, rep: Repo
 
 def _numbers(res) -> list:
     """Every metric of every evaluated round and every client's accuracy (wall-clock columns left out)."""
-    return [[v for k, v in sorted(h.items()) if not k.endswith("seconds")] for h in res.history] + res.per_client
+    return [[v for k, v in sorted(h.items()) if k not in WALL_COLUMNS] for h in res.history] + res.per_client
 
 
 def deterministic() -> None:
