@@ -13,15 +13,17 @@ cases. Every case puts TINY (subsample=0.005 n_clients=2 rounds=1 local_epochs=1
 settings, so a case about one of those keys overrides it, and an accepted case trains in about 0.1 s. The cases a
 `Param` accepts train, so of those a few per family are drawn (ACCEPTED_PER_FAMILY, seed SEED); PFLREPRO_FUZZ_ALL=1
 runs every one (3,738 cases, about a minute). Cases that still fail for a cause outside pflrepro/cli.py and
-pflrepro/pipeline/ (pflrepro/params.py, data/, core/, federation/ and algorithms/ are in every stored run's content
-address) are KNOWN_FAILURES, each an xfail(strict=True) whose reason says the cause and the fix.
+pflrepro/pipeline/ were strict xfails until their fixes (in every stored run's content address) landed with a full
+repro; the last nine (head_layers = 10**12 for the four algorithms that train a body apart from the head, and a
+split that leaves no client a test sample) are named regression cases now.
 
 Borderline values that are accepted (exit 0) and what they do (fmnist, TINY; measured when this file was written):
 - subsample=1e-300 (or 5e-324, the float just above 0): the stratified subsample keeps one sample per class, 10
   in all, and the 2 clients train on them. grad_clip=1e-300 clips every step to a norm of ~0 (the model hardly
   moves). participation=1e-9: one client a round (max(1, round(participation x K))).
 - lr, momentum, weight_decay, server_lr and the hparams' coefficients at their open low bound (5e-324), or at 0
-  where 0 is allowed: they run, and torch, computing in float32, sees 0 (see KNOWN_FAILURES for 1e300).
+  where 0 is allowed: they run, and torch, computing in float32, sees 0 (1e300 and the like: refused, not
+  representable in float32).
 - checkpoint_every / eval_every = 10**12 or 10**30: they run; the last round is still evaluated.
 - memory_budget_mb=5e-324 with engine='auto': the batched engine's memory check warns (one warning on stderr)
   and trains the clients one by one.
@@ -38,7 +40,6 @@ import io
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import sys
@@ -164,12 +165,9 @@ def schema_cases(family: str, prefix: str, schema: dict, base: tuple = (), extra
                 Case(family, k, (*base, *extra(k), f"{dot}{k}={v}"), "either" if ok else "refuse"))
         refused += [Case(family, m, (*base, *extra(k), f"{dot}{m}=1"), "refuse") for m in misspell(k, schema)
                     if m not in spelt and not spelt.add(m)]
-    known = [c for c in accepted if known_failure(c)]   # every one, each its own xfail
-    accepted = [c for c in accepted if not known_failure(c)]
     if not ALL:
         n = ACCEPTED_PER_FAMILY["/" in family]
         accepted = random.Random(f"{SEED}/{family}").sample(accepted, min(n, len(accepted)))
-    accepted += known
     baseline = [Case(family, "", (*base, *extra("")), "run")] if schema else []
     return baseline + refused + accepted
 
@@ -291,6 +289,16 @@ NAMED = {
     "not key=value": ("lr", ("lr",), "refuse"),
     "empty key": ("=1", ("=1",), "refuse"),
     "a value that is not YAML": ("lr", ("lr=[0.1",), "refuse"),
+    **{f"{a} head_layers=10**12 (no body left)": ("head_layers", (f"algorithm={a}",
+                                                                 "hparams.head_layers=1000000000000"), "refuse")
+       for a in ("fedbabu", "fedbsd", "fedpac", "fedrep")},
+    **{f"{a} head_layers=4 on the MLP's 4 layers": ("head_layers", (f"algorithm={a}", "hparams.head_layers=4"),
+                                                    "refuse") for a in ("fedbabu", "fedbsd", "fedpac", "fedrep")},
+    "fedrep head_layers=3 on the MLP's 4 layers": ("", ("algorithm=fedrep", "hparams.head_layers=3"), "run"),
+    "fedper head_layers=10**12 (the head is the whole model)": ("", ("algorithm=fedper",
+                                                                   "hparams.head_layers=1000000000000"), "run"),
+    "global_test_by_proportion scale=0.001: no client has a test sample": (
+        "split_params.scale", ("split=global_test_by_proportion", "split_params.scale=0.001"), "refuse"),
     "billion laughs on the command line": ("lr", ("lr=[&a [1,1,1,1,1,1,1,1,1,1,1], [" + ",".join(["*a"] * 1000) +
                                                   "]]",), "refuse"),
 }
@@ -405,50 +413,11 @@ def run_case(case: Case, store, alarm: int = ALARM_SECONDS) -> str | None:
     return None if what is None else f"{case} -> {what}; stderr: {err.getvalue().strip()[:400]!r}"
 
 
-# ---------------------------------------------------------------- what still fails, and where it must be fixed
-
-FLOAT32 = ("params.py: a float setting beyond float32's range reaches torch, which computes in float32: {what}. "
-           "Fix: Param.check refuses a float with 0 < |x| < 1.2e-38 or |x| > 3.4e38 (np.finfo(np.float32).tiny/.max), "
-           "'{{key}}={{value!r}}: not representable as a 32-bit float'")
-OVERFLOW = {"run": "lr|weight_decay", "hparams/fedbabu": "ft_lr", "hparams/feddf": "distill_lr",
-            "hparams/fedgen": "gen_lr|gen_wd", "hparams/fedpac": "head_lr", "hparams/perfedavg": "beta"}
-DIVERGE = {"hparams/dcpfl": "server_lr|cov_jitter", "hparams/ditto": "lam", "hparams/fedbsd": "temperature",
-           "hparams/feddyn": "alpha", "hparams/fedprox": "mu", "hparams/fedprox_ft": "mu", "hparams/perfed_ckt": "lam",
-           "hparams/perfedavg": "alpha", "hparams/pfedme": "personal_lr|lam|mu", "hparams/scaffold_ft": "server_lr",
-           "hparams/scd": "lam_g|lam_p|code_prox"}
-
-
-def _keys_at(families: dict, value: str) -> str:
-    """A regex: any of these families' keys (family -> 'key|key') set to `value` (a regex) as the case's last word."""
-    return "|".join(rf"\[{re.escape(f)}\] .*\b({keys})={value}$" for f, keys in families.items())
-
-
-KNOWN_FAILURES: list = [   # (regex on str(case), reason); a matching case is an xfail(strict=True) in test_known_failures
-    (r"hparams/(fedbabu|fedbsd|fedpac|fedrep)\].*hparams\.head_layers=10{12,}$",
-     "data/models.py head_param_names: head_layers above the model's parametrised layers makes the whole model the "
-     "head (test_models pins that: n beyond the layers = every layer), so these algorithms' body optimizer gets an "
-     "empty parameter list (ValueError, or NotImplementedError on aten::_fused_sgd_). Fix: each of the four refuses "
-     "a head that leaves no body (a ConfigError naming head_layers, in its __init__), in a run's address: with the "
-     "next full repro"),
-    (r"\[split/global_test_by_proportion\] .*split_params\.scale=0\.001$",
-     "data/partition.py global_test_by_proportion: at the smallest allowed scale (1e-3) the fuzz test's two tiny "
-     "clients get no local test sample, every PM accuracy is NaN, and the store refuses the finished run in one line "
-     "naming no key ('pm_acc_mean=nan ... not finite'). Refusing it in the split broke the paper configs' start "
-     "tests, whose stand-in test sets are cut to 2 %: a run where no client can be tested is told after round 1"),
-]
-
-
-def known_failure(case: Case) -> str | None:
-    """The reason a case is in KNOWN_FAILURES, or None."""
-    return next((why for pattern, why in KNOWN_FAILURES if re.search(pattern, str(case))), None)
-
-
 # ---------------------------------------------------------------- the tests
 
 FAMILIES = {"run settings": run_cases, "algorithm hparams": hparams_cases, "partitions and splits":
             lambda: partition_cases() + split_cases(), "clock, schedule, public set": clock_schedule_public_cases,
             "registry names": name_cases, "named regressions": named_cases, "config files": config_file_cases}
-KNOWN = [c for make in FAMILIES.values() for c in make() if known_failure(c)]
 
 
 @pytest.fixture(scope="module")
@@ -467,8 +436,8 @@ def store(tmp_path, monkeypatch, warm):
 
 
 def check(cases: list[Case], store) -> None:
-    """Every case not in KNOWN_FAILURES ends as it must; one assertion lists every one that did not."""
-    fails = [r for c in cases if not known_failure(c) and (r := run_case(c, store))]
+    """Every case ends as it must; one assertion lists every one that did not."""
+    fails = [r for c in cases if (r := run_case(c, store))]
     assert not fails, f"{len(fails)} of {len(cases)} cases failed:\n" + "\n".join(fails)
 
 
@@ -484,12 +453,3 @@ def test_bad_and_borderline_configs_are_refused_in_one_line_or_run_cleanly(famil
     """Each family's cases: refused in one 'config error:' line naming the key (exit 2, nothing in the store), or a
     clean tiny run (exit 0); never a traceback or a hang; a value its Param refuses is refused, a baseline runs."""
     check(FAMILIES[family](), store)
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, id=str(c)[:90], marks=pytest.mark.xfail(
-    strict=True, reason=known_failure(c))) for c in KNOWN])
-def test_known_failures(case, store):
-    """Cases that still fail for a cause outside the CLI and the pipeline (see each reason for the fix there); a
-    hang is stopped after 2 s."""
-    r = run_case(case, store, alarm=2)
-    assert r is None, r

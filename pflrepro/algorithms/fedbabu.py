@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from ..core.aggregation import clone_state, plain_average
 from ..core.context import Plan
-from ..data.models import head_param_names
 from ..params import MAX_EPOCHS, Param
 from .base import Algorithm
+from .partial import head_modules
 
 
 class FedBABU(Algorithm):
@@ -40,7 +40,7 @@ class FedBABU(Algorithm):
 
     def __init__(self, ctx, **hparams):
         super().__init__(ctx, **hparams)
-        self._head = {n.rsplit(".", 1)[0] for n in head_param_names(ctx.model(0), self.hp["head_layers"])}
+        self._head = head_modules(self, ctx.model(0))
 
     def is_head(self, name: str) -> bool:
         return name.rsplit(".", 1)[0] in self._head     # buffers follow their module

@@ -62,6 +62,7 @@ def combination_weights(v: torch.Tensor, hs: torch.Tensor, i: int, eps: float = 
 
 class FedPAC(FedPer):
     name = "fedpac"
+    needs_body = True    # head and body train in separate phases
     HPARAMS = {
         "head_layers": Param(int, 1, "how many last layers form the personal head (FedPAC: the classifier)", low=1),
         "head_epochs": Param(int, 1, "head-only epochs a round, first (the code: 1)", low=0, high=MAX_EPOCHS),

@@ -25,6 +25,7 @@ from .partial import FedPer
 
 class FedRep(FedPer):
     name = "fedrep"
+    needs_body = True    # head and body train in separate phases
     HPARAMS = {
         "head_layers": Param(int, 1, "how many last parametrised layers form the personal head (FedRep: the "
                              "last linear layer)", low=1),

@@ -12,21 +12,33 @@ from __future__ import annotations
 
 from ..core.aggregation import clone_state, plain_average
 from ..core.context import Plan
-from ..data.models import head_param_names
-from ..params import Param
+from ..data.models import head_param_names, layer_param_groups
+from ..params import ConfigError, Param
 from .base import Algorithm
+
+
+def head_modules(algo: Algorithm, model, needs_body: bool = True) -> set:
+    """The modules of `model`'s last `head_layers` parametrised layers (buffers follow their module). An algorithm
+    that trains a body apart from its head (`needs_body`) refuses a head that is the whole model: its body
+    optimiser would get no parameter (issue 33)."""
+    n, layers = algo.hp["head_layers"], len(layer_param_groups(model))
+    if needs_body and n >= layers:
+        raise ConfigError(f"hparams.head_layers={n}: {algo.name}'s head would be all {layers} parametrised layers of "
+                          f"the model, leaving no body to train (at most {layers - 1})")
+    return {name.rsplit(".", 1)[0] for name in head_param_names(model, n)}
 
 
 class FedPer(Algorithm):
     name = "fedper"
     generic = False
     head_is_shared = False
+    needs_body = False      # FedPer and LG-FedAvg train the whole model at once: a head of every layer is allowed
     HPARAMS = {"head_layers": Param(int, 2, "how many last parametrised layers form the head", low=1)}
 
     def __init__(self, ctx, **hparams):
         super().__init__(ctx, **hparams)
         # modules forming the head (fixed by the architecture; buffers follow their module)
-        self._head = {n.rsplit(".", 1)[0] for n in head_param_names(ctx.model(0), self.hp["head_layers"])}
+        self._head = head_modules(self, ctx.model(0), self.needs_body)
 
     def is_shared(self, name: str) -> bool:
         """Parameters/buffers averaged by the server (the rest stays on the client)."""

@@ -76,6 +76,9 @@ class Context:
     archs: tuple = ()                          # client k's architecture name (runs.client_archs); () = all cfg.model
     _work: dict = field(default_factory=dict)  # reusable module per architecture name
     _inits: dict = field(default_factory=dict)  # initial weights per other architecture (heterogeneous runs)
+    eval_scores: dict = field(default_factory=dict)  # (test set, weights' fingerprint) -> accuracy, of the last
+    #                                            evaluation (pflrepro.core.loop.evaluate: an unchanged model is not
+    #                                            scored twice); a memo of results, not training state
 
     def arch(self, k: int) -> str:
         """Client k's architecture name; k = -1 (the server) and homogeneous runs: `cfg.model`."""

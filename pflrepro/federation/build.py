@@ -195,6 +195,11 @@ def arch_params(cfg: RunConfig) -> dict:
 
 def build_context(cfg: RunConfig, device: torch.device, split: dict | None = None) -> Context:
     data = build_data(cfg, device, split)
+    if not any(len(t) for t in data.test[:cfg.n_clients - cfg.new_clients]):
+        # every PM accuracy would be NaN: refused before round 1 (a run where SOME client has no test sample runs)
+        given = ", ".join(f"split_params.{k}={v!r}" for k, v in sorted(cfg.split_params.items()))
+        raise ConfigError(f"split={cfg.split}" + (f" with {given}" if given else "") + ": no client gets a local "
+                          "test sample, so no personalized accuracy could be scored (too few samples for the split)")
     spec = data.spec
     archs = client_archs(cfg, [len(t) for t in data.train])
 
