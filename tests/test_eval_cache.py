@@ -45,6 +45,46 @@ def test_cached_evaluation_is_identical_to_scoring_everything(monkeypatch, tmp_p
         assert n_cached < calls[0], (algo, n_cached, calls[0])
 
 
+POOLED = dict(pool="train+test", split="random", split_params={"fractions": [0.8, 0.2]})
+
+
+def test_the_global_model_scored_once_on_pooled_local_tests_is_identical(monkeypatch, tmp_path):
+    """pFedSD's and DC-PFL's pooled train+test: the global test set is the clients' local tests, so the GM's
+    predictions on it give every client's GM score too (FedAvg, pFedSD's clients not trained yet, eval_gm_local);
+    the same metrics as scoring each client's test set apart, with no client-by-client scoring for FedAvg."""
+    from pflrepro.data.datasets import FedData
+    calls = _count(monkeypatch)
+    for algo, extra in {"fedavg": {"eval_gm_local": True}, "pfedsd": {}, "fedper": {}}.items():
+        cfg = {**TINY, **POOLED, "algorithm": algo, **extra}
+        calls[0] = 0
+        pooled = _history(store.run(cfg, root=tmp_path / "a", progress=False))
+        n_pooled = calls[0]
+        with monkeypatch.context() as m:
+            m.setattr(FedData, "pooled_tests", lambda self: self)     # as before: each test set scored apart
+            m.setattr(loop, "_HASH_BYTES_PER_FLOP", 0.0)
+            calls[0] = 0
+            apart = _history(store.run(cfg, root=tmp_path / "b", progress=False))
+        assert pooled == apart, algo
+        assert n_pooled < calls[0] or algo == "fedper", (algo, n_pooled, calls[0])
+        if algo == "fedavg":
+            assert n_pooled == 0
+
+
+def test_pooled_tests_are_found_only_where_they_are_the_clients_tests():
+    import torch as t
+
+    from pflrepro.federation.build import build_context
+    from pflrepro.federation.config import RunConfig
+    ctx = build_context(RunConfig.from_dict({**TINY, **POOLED, "algorithm": "fedavg"}), t.device("cpu"))
+    d, o = ctx.data, ctx.data.test_offsets
+    assert o is not None and o[-1] == len(d.y_test) and len(o) == d.n_clients + 1
+    for k in range(d.n_clients):
+        assert t.equal(d.x_test[o[k]:o[k + 1]], d.client_test(k)[0])
+    assert build_context(RunConfig.from_dict({**TINY, "algorithm": "fedavg"}), t.device("cpu")).data.test_offsets is None
+    shuffled = d.__class__(**{**d.__dict__, "test_offsets": None, "test": list(reversed(d.test))})
+    assert shuffled.pooled_tests().test_offsets is None        # another order: not the same images row for row
+
+
 def test_a_changed_model_is_scored_again_and_a_wrapper_always(monkeypatch):
     from pflrepro.federation.build import build_context
     from pflrepro.federation.config import RunConfig

@@ -215,8 +215,9 @@ def test_local_is_the_default_and_the_environment_can_choose(monkeypatch):
 
 def test_write_run_puts_the_summary_last(tmp_path, monkeypatch):
     order = []
-    real = executors._write_atomic
-    monkeypatch.setattr(executors, "_write_atomic", lambda p, b: (order.append(p.name), real(p, b)))
+    from pflrepro.pipeline import store
+    real = store._write_atomic    # the one atomic writer, which write_run uses
+    monkeypatch.setattr(store, "_write_atomic", lambda p, b: (order.append(p.name), real(p, b)))
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "progress.json").write_text("{}")   # a shipped heartbeat: gone once the run is stored
     executors.write_run(tmp_path / "r", {"summary.json": b"{}", "metrics.csv": b"x", "checkpoint.pt": b"y"})

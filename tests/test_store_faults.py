@@ -183,12 +183,25 @@ def test_two_processes_on_one_config_train_it_once(tmp_path, clean):
     assert prov["resumed_from_round"] in (None, 0)          # trained once, straight through
 
 
+def _nan_accuracy(monkeypatch, seeds):
+    """Runs with these seeds score NaN (what a split leaving no client a test set gave, before issue 33 refused such a
+    split up front): the store's last defence against a non-finite result is still tested."""
+    from pflrepro.core import loop
+    real = loop.evaluate
+
+    def evaluate(ctx, *a, **k):
+        row, accs = real(ctx, *a, **k)
+        return ({**row, "pm_acc_mean": float("nan")} if ctx.cfg.seed in seeds else row), accs
+    monkeypatch.setattr(loop, "evaluate", evaluate)
+
+
 def test_a_run_whose_metrics_are_not_finite_fails_in_one_line_and_stores_nothing(tmp_path, monkeypatch, capsys):
-    """No client with a test set (`fractions=[1.0, 0.0]`): the accuracies are NaN; the run ends as failed with one
-    line (exit 2), and no folder is left in the store as if it had finished."""
+    """The accuracies are NaN: the run ends as failed with one line (exit 2), and no folder is left in the store as
+    if it had finished."""
     from pflrepro.cli import main
     monkeypatch.setenv("PFLREPRO_RESULTS", str(tmp_path))
-    args = [a for a in _cli_args() if not a.startswith("split_params")] + ["split_params.fractions=[1.0,0.0]", "rounds=1"]
+    _nan_accuracy(monkeypatch, {7})
+    args = [a for a in _cli_args() if not a.startswith("seed")] + ["seed=7", "rounds=1"]
     assert main(["run", "--quiet", *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not finite" in err, err
@@ -227,15 +240,16 @@ def test_a_bad_fmnist_tensor_cache_is_set_aside_and_rebuilt_before_a_run_reads_i
     datacache.check.cache_clear()
 
 
-def test_a_grid_names_its_failed_runs_and_trains_the_others(tmp_path, capsys):
-    """Two runs of a grid of four fail (no client has a test set): the grid says so per run, trains the other two
+def test_a_grid_names_its_failed_runs_and_trains_the_others(tmp_path, capsys, monkeypatch):
+    """Two runs of a grid of four fail (their accuracies are NaN): the grid says so per run, trains the other two
     (stored, served after), and raises one GridFailed naming both failed runs' folders; with keep_going=False the
     first failure stops it."""
     from pflrepro.pipeline.experiments import run_grid
     from pflrepro.pipeline.parallel import GridFailed
-    bad = {"split_params": {"fractions": [1.0, 0.0]}, "rounds": 1}
-    grid = {("ok", "-", s): RunConfig.from_dict({**CFG, "rounds": 1, "seed": s}) for s in (0, 1)}
-    grid |= {("bad", "-", s): RunConfig.from_dict({**CFG, **bad, "seed": s}) for s in (0, 1)}
+    _nan_accuracy(monkeypatch, {2, 3})
+    # the failing runs first in the grid (runs of equal cost start in grid order): keep_going=False stops at once
+    grid = {("bad", "-", s): RunConfig.from_dict({**CFG, "rounds": 1, "seed": s}) for s in (2, 3)}
+    grid |= {("ok", "-", s): RunConfig.from_dict({**CFG, "rounds": 1, "seed": s}) for s in (0, 1)}
     with pytest.raises(GridFailed) as e:
         run_grid(grid, root=tmp_path / "a", progress=False, jobs=1)
     assert str(e.value).startswith("2 of 4 runs failed: ") and "\n" not in str(e.value)

@@ -24,7 +24,7 @@ from .batched import batched_round, check_memory, uses_plans
 from .clock import Clock, model_forward_flops
 from .context import Context
 from .schedule import make_schedule
-from .training import accuracy
+from .training import accuracy, predict
 
 if TYPE_CHECKING:
     from ..federation.config import RunConfig
@@ -82,18 +82,42 @@ def _scorer(ctx: Context):
     return score, done
 
 
+def _hits(pred: torch.Tensor, y: torch.Tensor) -> float:
+    """Accuracy from predictions, as `accuracy` computes it (NaN without images)."""
+    return (pred == y).float().mean().item() if len(y) else float("nan")
+
+
 def evaluate(ctx: Context, algo, server: dict, clients: dict) -> tuple[dict, list[float]]:
     """Evaluation protocol (docs/evaluation.md): GM on the global test set, every client's
-    PM on its own local test set; plain and sample-weighted means, std across clients."""
-    data = ctx.data
+    PM on its own local test set; plain and sample-weighted means, std across clients.
+
+    Where the global test set is the clients' local tests (`FedData.test_offsets`: pooled train+test), the GM's
+    predictions on it are made once and also give the GM's score on each client's local test (the PM of a generic
+    method, of a client not trained yet, and PerFed-CKT's `eval_gm_local`): the same images in the same model, so
+    the same predictions (rows of a batch are computed independently; checked to the bit on this machine)."""
+    data, n_scored = ctx.data, ctx.data.n_clients - ctx.cfg.new_clients   # new clients (never trained) not scored
     score, done = _scorer(ctx)
     gm = algo.global_model(server)
-    if gm is None:
-        gm = algo.averaged_personal_model(server, clients)  # SCD Remark 4.1 (None if heterogeneous)
-    gm_acc = score("gm", gm, data.x_test, data.y_test) if gm is not None else float("nan")
+    offsets, pred = data.test_offsets, None
+    if gm is not None and offsets is not None:
+        pred = predict(gm, data.x_test)
+        gm_acc = _hits(pred, data.y_test)
+    else:
+        if gm is None:
+            gm = algo.averaged_personal_model(server, clients)  # SCD Remark 4.1 (None if heterogeneous)
+        gm_acc = score("gm", gm, data.x_test, data.y_test) if gm is not None else float("nan")
+
+    def gm_on(k: int, net) -> float:      # the global model (`net`) on client k's local test
+        if pred is not None:
+            y = data.client_test(k)[1]
+            if len(y):
+                net.eval()          # the state `accuracy` leaves the module in
+            return _hits(pred[offsets[k]:offsets[k + 1]], y)
+        return score(k, net, *data.client_test(k))
+
     accs = [float("nan")] * data.n_clients
     generic = []
-    for k in range(data.n_clients - ctx.cfg.new_clients):   # new clients (never trained) are not scored here
+    for k in range(n_scored):
         pm = algo.personal_model(k, server, clients.get(k))
         if pm is None:  # generic method: PM = GM on the local test set (Remark 4.1)
             generic.append(k)
@@ -102,14 +126,14 @@ def evaluate(ctx: Context, algo, server: dict, clients: dict) -> tuple[dict, lis
     if generic:
         gm = algo.global_model(server)  # loaded once, after any personal model reused its module
         for k in generic:
-            accs[k] = score(k, gm, *data.client_test(k))
+            accs[k] = gm_on(k, gm)
     a = np.array(accs, dtype=np.float64)
     w = data.n_train().numpy()
     extra = {}
     if ctx.cfg.eval_gm_local:    # the global model on every client's local test (PerFed-CKT's "Ditto (GM)")
         gm = algo.global_model(server)
         extra["gm_local_acc_mean"] = float("nan") if gm is None else float(np.nanmean(
-            [score(k, gm, *data.client_test(k)) for k in range(data.n_clients - ctx.cfg.new_clients)]))
+            [gm_on(k, gm) for k in range(n_scored)]))
     done()
     ok = ~np.isnan(a)
     row = {

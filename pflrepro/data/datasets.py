@@ -519,6 +519,9 @@ class FedData:
     x_local_test: torch.Tensor | None = None   # the set local tests index when `local_test_from_global` and the
     y_local_test: torch.Tensor | None = None   # GM's `x_test` is a subsample of it (None: `x_test` itself)
     x_public: torch.Tensor | None = None       # unlabeled public set (`cfg.public`: PerFed-CKT, FedDF), normalised
+    test_offsets: list | None = None           # when `x_test` IS the clients' local tests, client after client (the
+    #                                            pooled train+test of pFedSD and DC-PFL): client k's are rows
+    #                                            test_offsets[k]:test_offsets[k + 1] (`pooled_tests`); else None
 
     @property
     def n_clients(self) -> int:
@@ -535,6 +538,17 @@ class FedData:
                 return self.x_local_test[i], self.y_local_test[i]
             return self.x_test[i], self.y_test[i]
         return self.x[i], self.y[i]
+
+    def pooled_tests(self) -> "FedData":
+        """This data with `test_offsets` set when the global test set is every client's local test set, in client
+        order, image for image (checked here): evaluation then scores the global model on them once."""
+        n = [len(i) for i in self.test]
+        if self.local_test_from_global or sum(n) != len(self.y_test):
+            return self
+        idx = torch.cat(list(self.test)) if self.test else torch.empty(0, dtype=torch.long)
+        if not (torch.equal(self.y[idx], self.y_test) and torch.equal(self.x[idx], self.x_test)):
+            return self
+        return dataclasses.replace(self, test_offsets=[0, *np.cumsum(n).tolist()])
 
     def client_val(self, k: int):
         i = self.val[k]

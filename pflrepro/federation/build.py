@@ -124,12 +124,13 @@ def build_data(cfg: RunConfig, device: torch.device, split: dict | None = None) 
         public = normalise(px[torch.as_tensor(public_indices(cfg, split))], raw.spec, device)
     used, own = _compact(split, not _tests_from_test_half(cfg))
     keep = torch.as_tensor(used, dtype=torch.long)
-    return FedData(raw.spec, normalise(x_pool[keep], raw.spec, device), y_pool[keep].to(device),
+    data = FedData(raw.spec, normalise(x_pool[keep], raw.spec, device), y_pool[keep].to(device),
                    normalise(x_test, raw.spec, device), y_test.to(device),
                    t(own["train"]), t(own["test"]), t(own["val"]),
                    local_test_from_global=_tests_from_test_half(cfg), source=raw.source,
                    x_local_test=local[0] if local else None, y_local_test=local[1] if local else None,
                    x_public=public)
+    return data.pooled_tests() if cfg.pool == "train+test" else data
 
 
 def _tests_from_test_half(cfg: RunConfig) -> bool:

@@ -236,16 +236,12 @@ class Keeper:
         return {f: (d / f).read_bytes() for f in RESUME_FILES if (d / f).exists()}
 
     def put(self, name: str, files: dict) -> None:
+        # the store's one writer: a temporary file per process, then rename
+        from .store import _write_atomic
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
         for f, blob in files.items():
             _write_atomic(d / f, blob)
-
-
-def _write_atomic(path: Path, blob: bytes) -> None:
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_bytes(blob)
-    os.replace(tmp, path)
 
 
 def write_run(path: Path, files: dict) -> None:
@@ -253,7 +249,7 @@ def write_run(path: Path, files: dict) -> None:
     reader never finds a run half written."""
     from .progress import HEARTBEAT
     path.mkdir(parents=True, exist_ok=True)
-    from .store import CKPT_SHA, MANIFEST
+    from .store import CKPT_SHA, MANIFEST, _write_atomic
     for f in sorted(files, key=lambda f: (f == MANIFEST, f == "summary.json")):
         _write_atomic(path / f, files[f])
     (path / HEARTBEAT).unlink(missing_ok=True)
