@@ -116,6 +116,18 @@ def test_a_damaged_finished_run_is_never_served_and_is_recomputed(tmp_path, clea
         assert S.verify(ref.path, RunConfig.from_dict(CFG))       # what is left verifies
 
 
+def test_without_a_manifest_the_partition_must_parse(tmp_path, clean):
+    """A partition.npz is parsed on serve only where no manifest vouches for its bytes (a run stored before manifests):
+    there, one that does not parse is damage; with a manifest its sha256 decides (the test above)."""
+    root = tmp_path / "runs"
+    ref = S.run(CFG, root=root, progress=False)
+    (ref.path / S.MANIFEST).unlink()
+    (ref.path / "partition.npz").write_bytes(b"not a zip")
+    res = S.run(CFG, root=root, progress=False)
+    assert _numbers(res) == clean
+    assert len(list(S.quarantine_root(ref.path).glob("*"))) == 1 and (ref.path / S.MANIFEST).exists()
+
+
 @pytest.fixture(scope="module")
 def unfinished(tmp_path_factory):
     """A run SIGKILLed after round 2 (checkpoint every round): a checkpoint, a partition, no manifest."""
