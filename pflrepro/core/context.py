@@ -79,6 +79,8 @@ class Context:
     eval_scores: dict = field(default_factory=dict)  # (test set, weights' fingerprint) -> accuracy, of the last
     #                                            evaluation (pflrepro.core.loop.evaluate: an unchanged model is not
     #                                            scored twice); a memo of results, not training state
+    forward_flops: dict = field(default_factory=dict)  # architecture name -> FLOPs of one image's forward pass
+    #                                            (the evaluation's hash-or-score rule; computed once per run)
 
     def arch(self, k: int) -> str:
         """Client k's architecture name; k = -1 (the server) and homogeneous runs: `cfg.model`."""

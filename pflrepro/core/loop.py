@@ -53,7 +53,7 @@ def _scorer(ctx: Context):
     module, weights and images give the same predictions); only modules of pflrepro's architectures, whose forward
     reads their state alone, are reused (an algorithm's wrapper module, e.g. APFL's mixture, is always scored), and
     only where the fingerprint is cheap beside the scoring (_HASH_BYTES_PER_FLOP)."""
-    last, seen, flops = ctx.eval_scores, {}, {}
+    last, seen, flops = ctx.eval_scores, {}, ctx.forward_flops
     spec = ctx.data.spec
 
     def worth_it(k, state, n) -> bool:
@@ -94,7 +94,8 @@ def evaluate(ctx: Context, algo, server: dict, clients: dict) -> tuple[dict, lis
     Where the global test set is the clients' local tests (`FedData.test_offsets`: pooled train+test), the GM's
     predictions on it are made once and also give the GM's score on each client's local test (the PM of a generic
     method, of a client not trained yet, and PerFed-CKT's `eval_gm_local`): the same images in the same model, so
-    the same predictions (rows of a batch are computed independently; checked to the bit on this machine)."""
+    the same predictions up to float rounding (on this CPU a batch of one image gave logits up to 5e-8 from the
+    same image's in a larger batch: docs/evaluation.md, "Each model scored once")."""
     data, n_scored = ctx.data, ctx.data.n_clients - ctx.cfg.new_clients   # new clients (never trained) not scored
     score, done = _scorer(ctx)
     gm = algo.global_model(server)
@@ -109,7 +110,7 @@ def evaluate(ctx: Context, algo, server: dict, clients: dict) -> tuple[dict, lis
 
     def gm_on(k: int, net) -> float:      # the global model (`net`) on client k's local test
         if pred is not None:
-            y = data.client_test(k)[1]
+            y = data.y_test[offsets[k]:offsets[k + 1]]   # client k's test labels (`pooled_tests` checked them)
             if len(y):
                 net.eval()          # the state `accuracy` leaves the module in
             return _hits(pred[offsets[k]:offsets[k + 1]], y)
