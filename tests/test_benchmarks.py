@@ -161,3 +161,23 @@ def test_bench_spectrum_quick(tmp_path):
     for k in ("rfft_ms", "pflrepro_ms", "ratio", "rfft_vmap20_ms", "pflrepro_vmap20_ms", "vmap_ratio"):
         assert math.isfinite(row[k]) and row[k] > 0, k
     assert (tmp_path / "bench_spectrum.csv").read_text().startswith("workload,")
+
+
+def test_bench_layout_quick(tmp_path):
+    """The layout benchmark runs in-process: a step and a scoring row for LeNet, positive finite timings and
+    ratios, and the two layouts' predictions compared (the speed itself is the benchmark's to report)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_layout
+    finally:
+        sys.path.pop(0)
+    import torch
+    threads = torch.get_num_threads()
+    rows = bench_layout.main(["--quick", "--repeats", "1", "--out", str(tmp_path)])
+    assert torch.get_num_threads() == threads
+    assert [(r["kind"], r["batch"]) for r in rows] == [("step", 16), ("score", 200)]
+    for r in rows:
+        for k in ("nchw_ms", "cl_ms", "ratio"):
+            assert math.isfinite(r[k]) and r[k] > 0, (r, k)
+    assert isinstance(rows[1]["same_predictions"], bool)
+    assert (tmp_path / "bench_layout.csv").read_text().startswith("model,")

@@ -104,3 +104,33 @@ def test_weight_decay_spares_biases_when_asked_hand_computed():
                     bias_decay=bias_decay, loss=zero)
         assert torch.allclose(net.weight, torch.tensor([[1.9, -3.8]]))
         assert net.bias.item() == pytest.approx(3.0 * bias_factor)
+
+
+class _LayoutProbe(nn.Module):
+    """A tiny CNN that records whether each image batch it is given is strided channels-last (NHWC)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 3)
+        self.fc = nn.Linear(2 * 4 * 4, 3)
+        self.seen = []
+
+    def forward(self, x):
+        self.seen.append(x.dim() == 4 and x.stride(1) == 1 and x.stride(3) == x.shape[1])
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def test_cpu_batches_reach_the_model_channels_last_with_their_values():
+    from pflrepro.core.training import cpu_layout, outputs, predict
+    x = torch.randn(5, 3, 6, 6)
+    cl = cpu_layout(x)
+    assert cl.is_contiguous(memory_format=torch.channels_last)
+    assert not x.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(cl, x)                     # the same values, only the strides differ
+    flat = torch.randn(5, 7)
+    assert cpu_layout(flat) is flat               # not an image batch: untouched
+    net = _LayoutProbe()
+    local_train(net, x, torch.tensor([0, 1, 2, 0, 1]), epochs=1, batch_size=2, lr=0.1)
+    predict(net, x)
+    outputs(net, x)
+    assert net.seen == [True] * 5                 # 3 training batches, one scoring, one outputs pass

@@ -1,0 +1,96 @@
+"""Image batches in NCHW against channels-last (`pflrepro.core.training.cpu_layout`), per training step and per
+scored batch, for the registry's models that the mini profiles train, in the same run.
+
+Since 2026-11-28 `local_train`, `predict` and `outputs` hand the model CPU image batches in channels-last memory
+order (the same values, strided NHWC): oneDNN then runs every convolution and max-pooling in NHWC. This script
+times, at one torch thread (a `dvc repro` worker's), for each model and batch size:
+- `step`: one SGD step (forward, cross-entropy, backward, momentum update) on a batch, as `local_train` takes it;
+- `score`: one forward pass under `no_grad` and the argmax, as `predict` scores a client's test set;
+each with the batch as it comes (`nchw`) and through `cpu_layout` (`cl`), fastest of R repeats of N calls, and the
+ratio nchw / cl (above 1: channels-last is faster). It also reports whether the two layouts gave the same
+predictions (they may differ in the last bits of a logit, so an argmax can flip where two logits tie that closely).
+
+    python benchmarks/bench_layout.py             # the mini's models, B in {10, 16, 32, 64}, score on {20, 200, 2048}
+    python benchmarks/bench_layout.py --quick     # one model, one size each (tests/test_benchmarks.py)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pflrepro.core.training import cpu_layout
+from pflrepro.data.models import build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _table import write_table  # noqa: E402
+from bench_bounds import best_of  # noqa: E402
+
+MODELS = ("cnn_cifar10", "cnn_ckt", "cnn1", "cnn_bn", "cnn_fmnist", "mlp2")
+COLUMNS = ("model", "kind", "batch", "nchw_ms", "cl_ms", "ratio", "same_predictions")
+
+
+def _fastest(fn, repeats: int, calls: int) -> float:
+    """Milliseconds a call, fastest of `repeats` runs of `calls` calls (bench_bounds.best_of)."""
+    return best_of(fn, repeats, calls) * 1e3
+
+
+def _step_fn(name: str, batch: int, layout):
+    torch.manual_seed(0)
+    net = build_model(name, 1, 10, 28)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(net(layout(x)), y).backward()
+        opt.step()
+    return step
+
+
+def measure(name: str, steps: list[int], scores: list[int], repeats: int, calls: int) -> list[dict]:
+    rows = []
+    for b in steps:
+        t = {lbl: _fastest(_step_fn(name, b, lay), repeats, calls) for lbl, lay in (("nchw", lambda v: v),
+                                                                                    ("cl", cpu_layout))}
+        rows.append({"model": name, "kind": "step", "batch": b, "nchw_ms": round(t["nchw"], 3),
+                     "cl_ms": round(t["cl"], 3), "ratio": round(t["nchw"] / t["cl"], 2), "same_predictions": ""})
+    torch.manual_seed(0)
+    net = build_model(name, 1, 10, 28).eval()
+    for n in scores:
+        x = torch.randn(n, 1, 28, 28)
+        with torch.no_grad():
+            same = bool(torch.equal(net(x).argmax(1), net(cpu_layout(x)).argmax(1)))
+            t = {lbl: _fastest(lambda: net(lay(x)).argmax(1), repeats, max(1, calls * 20 // n))
+                 for lbl, lay in (("nchw", lambda v: v), ("cl", cpu_layout))}
+        rows.append({"model": name, "kind": "score", "batch": n, "nchw_ms": round(t["nchw"], 3),
+                     "cl_ms": round(t["cl"], 3), "ratio": round(t["nchw"] / t["cl"], 2), "same_predictions": same})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one model, one batch size each (seconds)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
+    a = ap.parse_args(argv)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(a.threads)
+    models, steps, scores, calls = ((MODELS[:1], [16], [200], 5) if a.quick
+                                    else (MODELS, [10, 16, 32, 64], [20, 200, 2048], 30))
+    try:
+        rows = [r for m in models for r in measure(m, steps, scores, a.repeats, calls)]
+    finally:
+        torch.set_num_threads(threads)     # in-process callers (the test) get their thread count back
+    write_table(Path(a.out), "bench_layout", list(COLUMNS), rows,
+                f"torch {torch.__version__}, {a.threads} thread(s), fastest of {a.repeats}; ratio = nchw / cl "
+                f"(above 1: channels-last faster)")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
