@@ -51,23 +51,26 @@ def _step_fn(name: str, batch: int, layout):
     return step
 
 
+LAYOUTS = (("nchw", lambda v: v), ("cl", cpu_layout))
+
+
+def _row(name: str, kind: str, batch: int, t: dict, same) -> dict:
+    return {"model": name, "kind": kind, "batch": batch, "nchw_ms": round(t["nchw"], 3), "cl_ms": round(t["cl"], 3),
+            "ratio": round(t["nchw"] / t["cl"], 2), "same_predictions": same}
+
+
 def measure(name: str, steps: list[int], scores: list[int], repeats: int, calls: int) -> list[dict]:
-    rows = []
-    for b in steps:
-        t = {lbl: _fastest(_step_fn(name, b, lay), repeats, calls) for lbl, lay in (("nchw", lambda v: v),
-                                                                                    ("cl", cpu_layout))}
-        rows.append({"model": name, "kind": "step", "batch": b, "nchw_ms": round(t["nchw"], 3),
-                     "cl_ms": round(t["cl"], 3), "ratio": round(t["nchw"] / t["cl"], 2), "same_predictions": ""})
+    rows = [_row(name, "step", b, {lbl: _fastest(_step_fn(name, b, lay), repeats, calls) for lbl, lay in LAYOUTS}, "")
+            for b in steps]
     torch.manual_seed(0)
     net = build_model(name, 1, 10, 28).eval()
     for n in scores:
         x = torch.randn(n, 1, 28, 28)
         with torch.no_grad():
             same = bool(torch.equal(net(x).argmax(1), net(cpu_layout(x)).argmax(1)))
-            t = {lbl: _fastest(lambda: net(lay(x)).argmax(1), repeats, max(1, calls * 20 // n))
-                 for lbl, lay in (("nchw", lambda v: v), ("cl", cpu_layout))}
-        rows.append({"model": name, "kind": "score", "batch": n, "nchw_ms": round(t["nchw"], 3),
-                     "cl_ms": round(t["cl"], 3), "ratio": round(t["nchw"] / t["cl"], 2), "same_predictions": same})
+            t = {lbl: _fastest(lambda lay=lay, x=x: net(lay(x)).argmax(1), repeats, max(1, calls * 20 // n))
+                 for lbl, lay in LAYOUTS}
+        rows.append(_row(name, "score", n, t, same))
     return rows
 
 
