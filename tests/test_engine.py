@@ -2,12 +2,13 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pflrepro.core.aggregation import plain_average, select_keys, state_bytes, weighted_average
 from pflrepro.core.schedule import sample_clients
 from pflrepro.core.seeds import derive_seed
-from pflrepro.core.training import Divergence, local_train
+from pflrepro.core.training import Divergence, batchable, local_train
 from pflrepro.federation.config import RunConfig
 
 
@@ -134,3 +135,78 @@ def test_cpu_batches_reach_the_model_channels_last_with_their_values():
     predict(net, x)
     outputs(net, x)
     assert net.seen == [True] * 5                 # 3 training batches, one scoring, one outputs pass
+
+
+def test_an_mlp_gets_its_batches_as_they_come():
+    from pflrepro.core.training import cpu_layout
+    from pflrepro.data.models import mlp2
+    x = torch.randn(5, 1, 28, 28)
+    assert cpu_layout(x, mlp2(1, 10, 28)) is x    # no convolution: channels-last would only copy
+
+
+def _ce_slow(m, x, y, aux=None):
+    """The cross-entropy under another name: `head_only` does not recognise it, so training takes the full path."""
+    return F.cross_entropy(m(x), y)
+
+
+def test_head_only_training_computes_the_frozen_body_once_and_matches_the_full_path(monkeypatch):
+    from pflrepro.core import training
+    from pflrepro.data.models import cnn_cifar10
+    calls = []
+    real = training.body_features
+    monkeypatch.setattr(training, "body_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    net = cnn_cifar10(1, 10, 28)
+    start = {n: t.clone() for n, t in net.state_dict().items()}
+    x, y = torch.randn(70, 1, 28, 28), torch.randint(0, 10, (70,))
+    head = lambda n: n.startswith("head.")   # noqa: E731
+    kw = dict(epochs=3, batch_size=8, lr=0.05, momentum=0.9, weight_decay=1e-3, trainable=head, seed=4)
+    fast = local_train(net, x, y, **kw)
+    got = {n: t.clone() for n, t in net.state_dict().items()}
+    assert calls == [1]                          # one pass through the body for the whole call
+    net.load_state_dict(start)
+    full = local_train(net, x, y, loss=batchable(_ce_slow), **kw)
+    assert calls == [1]                          # the full path: every step through the body
+    assert fast.steps == full.steps == 27 and fast.samples == full.samples
+    assert fast.loss == pytest.approx(full.loss, rel=1e-6)
+    for n, t in net.state_dict().items():
+        if n.startswith("body."):
+            assert torch.equal(got[n], start[n]) and torch.equal(t, start[n])   # frozen: not a bit moved
+        else:
+            assert not torch.equal(got[n], start[n])                             # the head trained
+            assert torch.allclose(got[n], t, atol=1e-6, rtol=1e-5)               # as the full path trains it
+
+
+def test_head_only_is_refused_where_the_body_is_not_a_fixed_function():
+    from pflrepro.core.training import ce_loss, head_only
+    from pflrepro.data.models import cnn_bn, cnn_cifar10, cnn_fmnist
+    head = lambda n: n.startswith("head.")   # noqa: E731
+    net = cnn_cifar10(1, 10, 28)
+    assert head_only(net, head, ce_loss) is net.head
+    assert head_only(cnn_fmnist(1, 10, 28), head, ce_loss) is None            # Dropout2d in the body
+    assert head_only(cnn_bn(1, 10, 28), head, ce_loss) is None                # BatchNorm: batch statistics
+    assert head_only(net, None, ce_loss) is None                              # everything trains
+    assert head_only(net, lambda n: n.startswith(("head.", "body.fc2")), ce_loss) is None  # a body layer too
+    assert head_only(net, head, batchable(_ce_slow)) is None                  # another loss term
+    assert head_only(net, head, ce_loss, {"t": torch.zeros(3)}) is None        # per-sample tensors
+
+
+def test_batched_head_only_training_equals_the_per_client_path():
+    from pflrepro.core.batched import local_train_many
+    from pflrepro.data.models import cnn_cifar10
+    torch.manual_seed(1)
+    net = cnn_cifar10(1, 10, 28)
+    starts = [{n: t + 0.01 * torch.randn_like(t) for n, t in net.state_dict().items()} for _ in range(3)]
+    x, y = torch.randn(90, 1, 28, 28), torch.randint(0, 10, (90,))
+    index = [torch.arange(0, 20), torch.arange(20, 55), torch.arange(55, 90)]
+    head = lambda n: n.startswith("head.")   # noqa: E731
+    kw = dict(epochs=2, batch_size=8, lr=0.05, momentum=0.9, weight_decay=1e-3, trainable=head)
+    many = local_train_many(net, starts, x, y, index, seeds=[5, 6, 7], **kw)
+    for s, idx, seed, (state, stats) in zip(starts, index, [5, 6, 7], many):
+        one = cnn_cifar10(1, 10, 28)
+        one.load_state_dict(s)
+        ref = local_train(one, x[idx], y[idx], seed=seed, **kw)
+        assert (stats.steps, stats.samples) == (ref.steps, ref.samples)
+        assert stats.loss == pytest.approx(ref.loss, rel=1e-6)
+        for n, t in one.state_dict().items():
+            assert torch.equal(state[n], s[n]) if n.startswith("body.") else torch.allclose(state[n], t, atol=1e-6)

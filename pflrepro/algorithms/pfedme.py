@@ -66,19 +66,24 @@ class PFedMe(Algorithm):
         """Loss term for w: value = CE of theta on the batch, gradient = lambda (w - theta_hat)."""
         lam, K, plr, mu = self.hp["lam"], self.hp["K"], self.hp["personal_lr"], self.hp["mu"]
         tp = dict(theta.named_parameters())
+        ps = list(tp.values())
 
         def loss(net, xb, yb):
-            w = {n: p.detach() for n, p in net.named_parameters()}
+            w = [p.detach() for p in net.parameters()]
             if self.hp["inner_init"] == "w":
                 with torch.no_grad():
-                    for n, p in tp.items():
-                        p.copy_(w[n])
+                    torch._foreach_copy_(ps, w)
             for _ in range(K):  # inner problem h_i: gradient steps on f(theta; batch) + lambda/2 ||theta - w||^2
                 ce = F.cross_entropy(theta(xb), yb)
-                grads = torch.autograd.grad(ce, list(tp.values()))
-                with torch.no_grad():
-                    for (n, p), g in zip(tp.items(), grads):
-                        p.sub_(plr * (g + lam * (p - w[n]) + mu * p))
+                grads = torch.autograd.grad(ce, ps)
+                with torch.no_grad():   # theta -= plr * (g + lam (theta - w) + mu theta), every tensor at once
+                    d = torch._foreach_sub(ps, w)
+                    torch._foreach_mul_(d, lam)
+                    torch._foreach_add_(d, grads)
+                    if mu:
+                        torch._foreach_add_(d, torch._foreach_mul(ps, mu))
+                    torch._foreach_mul_(d, plr)
+                    torch._foreach_sub_(ps, d)
             prox = 0.5 * lam * sum(((p - tp[n].detach()) ** 2).sum() for n, p in net.named_parameters())
             return prox - prox.detach() + ce.detach()  # d/dw = lambda (w - theta_hat): the local update
         return loss

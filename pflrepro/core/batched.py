@@ -46,7 +46,17 @@ from torch.func import grad_and_value, vmap
 
 from .context import Context, Plan, Then, train_one
 from .seeds import derive_seed
-from .training import Divergence, ModelView, TrainStats, ce_loss, decay_groups, is_batchable, train_mode
+from .training import (
+    Divergence,
+    ModelView,
+    TrainStats,
+    body_features,
+    ce_loss,
+    decay_groups,
+    head_only,
+    is_batchable,
+    train_mode,
+)
 
 
 class NotBatchable(RuntimeError):
@@ -405,9 +415,22 @@ def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: 
     `seeds[i]`, and receives `aux[i]` (plus its rows of `per_sample[i]`) in the loss term.
     `steps` (one for all, or a list: one per client, None = `epochs`) caps each client's steps.
     Returns, per client, its final state dict (views into the stacked tensors: clone what you keep)
-    and its TrainStats."""
+    and its TrainStats. A call that moves only the head over a fixed body (`training.head_only`) trains the heads
+    on the body's features, computed once per client (`_head_only_many`), as `local_train` does."""
     if not is_batchable(loss):
         raise NotBatchable("the loss term is not batchable (see training.batchable)")
+    kw = dict(epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
+              grad_clip=grad_clip, bias_decay=bias_decay, seeds=seeds, steps=steps, aux=aux)
+    head = head_only(module, trainable, loss, per_sample is not None and any(per_sample))
+    if head is not None and all(len(i) for i in index):
+        return _head_only_many(module, head, starts, x, y, index, **kw)
+    return _train_many(module, starts, x, y, index, loss=loss, trainable=trainable, per_sample=per_sample, **kw)
+
+
+def _train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch.Tensor, index: list[torch.Tensor],
+                *, epochs: int, batch_size: int, lr: float, momentum: float, weight_decay: float, grad_clip: float,
+                bias_decay: bool, loss, trainable, seeds: list[int], steps, aux, per_sample) -> list:
+    """`local_train_many`'s general path: every step of every client through the whole module."""
     C, dev = len(starts), x.device
     aux = aux if aux is not None else [{} for _ in range(C)]
     per_sample = per_sample if per_sample is not None else [{} for _ in range(C)]
@@ -449,6 +472,23 @@ def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: 
                          "(lower the learning rate, or check the loss term)")
     # ---- per client: its state (views into the stack) and its statistics
     return _unstack(module, S, sch, tot.cpu().tolist(), cnt)
+
+
+def _head_only_many(module: nn.Module, head: nn.Module, starts: list[dict], x: torch.Tensor, y: torch.Tensor,
+                    index: list[torch.Tensor], **kw) -> list[tuple[dict, TrainStats]]:
+    """`local_train_many` of a call that moves only the head (`training.head_only`): each client's body features
+    computed once, with its own body's weights, then the head alone trained for every client at once on them (the
+    same batches in the same order: client i's features are rows `rows[i]`). The body comes back as it started."""
+    feats, rows, at = [], [], 0
+    for s, idx in zip(starts, index):
+        feats.append(body_features(module, x[idx], state={n[5:]: t for n, t in s.items() if n.startswith("body.")}))
+        rows.append(torch.arange(at, at + len(idx), device=x.device))
+        at += len(idx)
+    heads = [{n[5:]: t for n, t in s.items() if n.startswith("head.")} for s in starts]
+    out = _train_many(head, heads, torch.cat(feats), torch.cat([y[i] for i in index]), rows, loss=ce_loss,
+                      trainable=None, per_sample=None, **kw)
+    names = list(module.state_dict())
+    return [({n: h[n[5:]] if n.startswith("head.") else s[n] for n in names}, st) for s, (h, st) in zip(starts, out)]
 
 
 def _unstack(module: nn.Module, S: _Stack, sch: _Schedule, tot: list, cnt: np.ndarray) -> list:
@@ -584,7 +624,7 @@ def group_key(ctx: Context, k: int, plan: Plan):
         return None
 
 
-BATCHED_CONV_MAX_BATCH = 64   # on a CPU, convolutional models at batches this large train faster client by client
+BATCHED_CONV_MAX_BATCH = 32   # on a CPU, convolutional models at batches this large train faster client by client
 
 
 def slower_batched(module: nn.Module, device: torch.device, batch_size: int = 0) -> bool:
@@ -594,11 +634,12 @@ def slower_batched(module: nn.Module, device: torch.device, batch_size: int = 0)
       convolution with clients x groups groups, which oneDNN runs slower than a loop over the clients (pFedSD
       Table 8 mini, MobileNetV2, 6 clients: 20.4 s batched vs 14.6 s per client, 2026-11-23);
     - any convolution at batch size >= BATCHED_CONV_MAX_BATCH: the grouped layouts' convolution backward and
-      pooling cost more than the per-step overhead batching removes (benchmarks/bench_engines.py, pFedSD's CIFAR
-      CNN: 0.64x per-client speed at B=64, 0.98x at B=10; README's CLI example, B=64: 208 s auto against 123 s
-      per client; DC-PFL's mini CNN at B=64: 0.90x, the example's at B=64: 0.92x, 2026-11-25). At B=16-32 the
-      two paths are within about 10 % either way, and batching wins where a second phase batches too (Ditto
-      1.18x, pFedSD 1.57x at B=16), so smaller batches stay batched."""
+      pooling cost more than the per-step overhead batching removes, and since the per-client path feeds its
+      batches channels-last (`training.cpu_layout`), which `vmap` cannot, that holds from B = 32. Measured
+      2026-11-28 (whole mini runs, one thread, per-client speed over batched): at B = 32 SCD 1.43x, Ditto 1.27x,
+      FedAvg 1.29x, FedRep 1.29x, FedGen 1.26x, FedRoD 1.17x, FedBABU 1.12x (20 clients a round); at B = 16
+      FedAvg 0.98-1.01x and pFedSD 0.84-0.85x (its teacher pass batches too), so B = 16 stays batched. Earlier
+      (NCHW batches, 2026-11-25): pFedSD's CIFAR CNN 0.64x per-client speed at B=64, 0.98x at B=10."""
     if torch.device(device).type != "cpu":
         return False
     convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]

@@ -5,6 +5,7 @@ engine, pflrepro.core.batched, trains many clients with the same steps and seeds
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -93,12 +94,56 @@ class ModelView:
             return torch.func.functional_call(self.module, st, (x,))
 
 
-def cpu_layout(x: torch.Tensor) -> torch.Tensor:
+def has_conv(net: nn.Module) -> bool:
+    """Whether `net` has a 2-D convolution (the only layers channels-last speeds up)."""
+    return any(isinstance(m, nn.Conv2d) for m in net.modules())
+
+
+def cpu_layout(x: torch.Tensor, net: nn.Module | None = None) -> torch.Tensor:
     """Image batches in channels-last memory order on the CPU (the same values, strided NHWC), everything else as
-    it is. oneDNN then runs the convolutions and max-pooling of every layer in NHWC, which measured 1.1-1.4x per
-    training step and 1.4-2.1x per scored batch for the mini's CNNs (docs/performance.md, "Channels-last batches");
-    the sums are ordered differently, so results move at float rounding (1e-7 on logits). Not on CUDA: unmeasured."""
-    return x.to(memory_format=torch.channels_last) if x.dim() == 4 and x.device.type == "cpu" else x
+    it is; given `net`, only for a model with a convolution (an MLP only pays the copy: 0.88x in the repro).
+    oneDNN then runs the convolutions and max-pooling of every layer in NHWC, which measured 1.05-1.63x per
+    training step and 1.36-2.76x per scored batch for the CNNs of the repo (docs/performance.md, "Channels-last
+    batches"); the sums are ordered differently, so results move at float rounding (1e-7 on logits). Not on CUDA:
+    unmeasured. Row indexing keeps the layout, so a client's data is converted once, not each batch."""
+    if x.dim() != 4 or x.device.type != "cpu" or (net is not None and not has_conv(net)):
+        return x
+    return x.to(memory_format=torch.channels_last)
+
+
+# ---------------------------------------------------------------- a frozen body's features, computed once
+# Layers whose output is a fixed function of each sample in train mode as in eval mode (no dropout draws, no
+# batch statistics, no buffers): a body made of them gives the same features at every step of a call.
+_FIXED = (nn.Conv2d, nn.Linear, nn.ReLU, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Flatten,
+          nn.Sequential, nn.Identity, nn.Tanh)
+
+
+def head_only(net: nn.Module, trainable: Callable[[str], bool] | None, loss, per_sample: dict | None = None):
+    """`net.head` when a training call moves exactly the head's parameters of a `SplitModel` (forward =
+    head(body(x))), with the plain cross-entropy and no per-sample tensors, and the body is made of `_FIXED`
+    layers only; otherwise None. Then every step's forward through the frozen body computes the same features,
+    so they can be computed once per call (FedRep's and FedBSD's head phase, the "+FT" baselines' head
+    fine-tuning). The head sees the same samples in the same order, with the same optimiser; only the body's
+    sums may round differently (its batch is the client's data instead of one mini-batch)."""
+    from ..data.models import SplitModel
+    if trainable is None or loss is not ce_loss or per_sample or not isinstance(net, SplitModel):
+        return None
+    if type(net).forward is not SplitModel.forward or type(net).features is not SplitModel.features:
+        return None
+    moved = {n for n, _ in net.named_parameters() if trainable(n)}
+    if not moved or moved != {f"head.{n}" for n, _ in net.head.named_parameters()}:
+        return None
+    if any(not isinstance(m, _FIXED) for m in net.body.modules()) or next(net.body.buffers(), None) is not None:
+        return None
+    return net.head
+
+
+@torch.no_grad()
+def body_features(net: nn.Module, x: torch.Tensor, batch: int = 2048, state: dict | None = None) -> torch.Tensor:
+    """The body's features of every row of x (`state`: the body's parameters to use instead of its own)."""
+    body = net.body
+    run = body if state is None else (lambda v: torch.func.functional_call(body, state, (v,)))
+    return torch.cat([run(cpu_layout(x[i:i + batch], net)) for i in range(0, len(x), batch)])
 
 
 # ---------------------------------------------------------------- local training
@@ -131,10 +176,18 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
     mini-batch steps instead of whole epochs; `bias_decay=False` exempts parameters named `*bias*` from
     `weight_decay` (FedRep's code). Batches are index slices of the client's
     tensors: no DataLoader. The last partial batch of an epoch is kept.
+    A call that moves only the head over a fixed body (`head_only`) computes the body's features once and trains
+    the head on them: the same batches, order and optimiser, one forward pass of the body instead of one a step.
     A batchable loss term (`batchable`) is called `loss(ModelView(net), xb, yb, aux_b)` instead,
     with aux_b = `aux` plus the batch's rows of each `per_sample` tensor.
     `pflrepro.core.batched.local_train_many` is the same primitive for many clients at once.
     """
+    head = head_only(net, trainable, loss, per_sample)
+    if head is not None and len(y):
+        net.train()
+        return local_train(head, body_features(net, x), y, epochs=epochs, batch_size=batch_size, lr=lr,
+                           momentum=momentum, weight_decay=weight_decay, grad_clip=grad_clip, bias_decay=bias_decay,
+                           seed=seed, steps=steps, aux=aux)
     named = [(n, p) for n, p in net.named_parameters() if trainable is None or trainable(n)]
     params = [p for _, p in named]
     frozen = [p for n, p in net.named_parameters() if trainable is not None and not trainable(n)]
@@ -150,26 +203,28 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
     total, count, done = 0.0, 0, 0
     view = ModelView(net) if is_batchable(loss) else None
     aux, per_sample = aux or {}, per_sample or {}
+    x = cpu_layout(x, net)
     try:
         for _ in range(epochs if steps is None else 10**9):
             order = torch.randperm(n, generator=gen).to(x.device)
             for s in range(0, n, batch_size):
                 idx = order[s:s + batch_size]
-                xb, yb = cpu_layout(x[idx]), y[idx]
+                xb, yb = x[idx], y[idx]
                 opt.zero_grad(set_to_none=True)
                 if view is not None:
                     value = loss(view, xb, yb, {**aux, **{n_: t[idx] for n_, t in per_sample.items()}}
                                  if per_sample else aux)
                 else:
                     value = loss(net, xb, yb)
-                if not torch.isfinite(value):
-                    raise Divergence(f"loss became {value.item()} at local step {done}: the run diverged "
+                v = value.item()
+                if not math.isfinite(v):
+                    raise Divergence(f"loss became {v} at local step {done}: the run diverged "
                                      f"(lower the learning rate, or check the loss term)")
                 value.backward()
                 if grad_clip > 0:
                     nn.utils.clip_grad_norm_(params, grad_clip)
                 opt.step()
-                total += value.item() * len(yb)
+                total += v * len(yb)
                 count += len(yb)
                 done += 1
                 if steps is not None and done >= steps:
@@ -187,13 +242,13 @@ def outputs(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
     """The model's raw outputs (logits) for every row of x, in eval mode, batched; the module's modes restored
     after (soft decisions on a public set, server-side distillation targets, losses of candidate models)."""
     with train_mode(net, False):
-        return torch.cat([net(cpu_layout(x[i:i + batch])) for i in range(0, len(x), batch)])
+        return torch.cat([net(cpu_layout(x[i:i + batch], net)) for i in range(0, len(x), batch)])
 
 
 @torch.no_grad()
 def predict(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
     net.eval()
-    return torch.cat([net(cpu_layout(x[i:i + batch])).argmax(1) for i in range(0, len(x), batch)]) if len(x) else \
+    return torch.cat([net(cpu_layout(x[i:i + batch], net)).argmax(1) for i in range(0, len(x), batch)]) if len(x) else \
         torch.empty(0, dtype=torch.long, device=x.device)
 
 
