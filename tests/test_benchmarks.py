@@ -181,3 +181,39 @@ def test_bench_layout_quick(tmp_path):
             assert math.isfinite(r[k]) and r[k] > 0, (r, k)
     assert isinstance(rows[1]["same_predictions"], bool)
     assert (tmp_path / "bench_layout.csv").read_text().startswith("model,")
+
+
+def _bench(name: str):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
+def test_bench_head_quick(tmp_path):
+    """The head-only benchmark runs in-process: per-client and batched rows for LeNet, positive finite timings,
+    and the two paths' heads within float rounding of each other (the speed is the benchmark's to report)."""
+    import torch
+    threads = torch.get_num_threads()
+    rows = _bench("bench_head").main(["--quick", "--repeats", "1", "--out", str(tmp_path)])
+    assert torch.get_num_threads() == threads
+    assert [(r["path"], r["clients"]) for r in rows] == [("per_client", 1), ("batched", 4)]
+    for r in rows:
+        assert r["steps"] == 20
+        for k in ("full_ms", "features_ms", "ratio"):
+            assert math.isfinite(r[k]) and r[k] > 0, (r, k)
+        assert float(r["max_abs_diff"]) < 1e-5, r
+    assert (tmp_path / "bench_head.csv").read_text().startswith("model,")
+
+
+def test_bench_engine_choice_quick(tmp_path):
+    """The engine benchmark trains one 2-round mini run with each engine and says what `auto` picks for it."""
+    rows = _bench("bench_engine_choice").main(["--quick", "--out", str(tmp_path)])
+    assert len(rows) == 1
+    r = rows[0]
+    assert (r["batch"], r["auto_picks"]) == (10, "batched")
+    for k in ("batched_s", "per_client_s", "per_client_speedup"):
+        assert math.isfinite(r[k]) and r[k] > 0, (r, k)
+    assert 0 <= r["batched_pm"] <= 100 and 0 <= r["per_client_pm"] <= 100
+    assert (tmp_path / "bench_engine_choice.csv").read_text().startswith("run,")
