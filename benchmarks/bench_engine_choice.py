@@ -13,7 +13,6 @@ rounding, which a run's chaos can amplify by a few points).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pflrepro.data.models import build_model
 from pflrepro.pipeline import experiments, store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cli import parser, torch_threads  # noqa: E402
 from _table import write_table  # noqa: E402
 
 # (label, params file, method): the first seed-0 run of that method in the table's mini grid
@@ -56,16 +56,9 @@ def timed(cfg: dict, engine: str) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one run of 2 rounds (seconds)")
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
-    a = ap.parse_args(argv)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(a.threads)
+    a = parser(__doc__, "one run of 2 rounds (seconds)", 1).parse_args(argv)
     rows = []
-    try:
+    with torch_threads(a.threads):   # in-process callers (the test) get their thread count back
         for label, params, method in SAMPLE[-1:] if a.quick else SAMPLE:
             cfg = config(params, method, a.quick)
             best: dict = {}
@@ -82,8 +75,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "auto_picks": "per_client" if picks else "batched",
                          "batched_pm": round(100 * best["batched"][1], 2),
                          "per_client_pm": round(100 * best["per_client"][1], 2)})
-    finally:
-        torch.set_num_threads(threads)     # in-process callers (the test) get their thread count back
     write_table(Path(a.out), "bench_engine_choice", list(COLUMNS), rows,
                 f"torch {torch.__version__}, {a.threads} thread(s), fastest of {a.repeats}; per_client_speedup = "
                 f"batched_s / per_client_s (above 1: client by client is faster)")

@@ -16,7 +16,6 @@ is faster), and the largest difference between the two paths' trained heads (flo
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from pflrepro.core.training import batchable, ce_loss, local_train
 from pflrepro.data.models import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cli import parser, torch_threads  # noqa: E402
 from _table import write_table  # noqa: E402
 from bench_bounds import best_of  # noqa: E402
 
@@ -75,19 +75,10 @@ def measure(name: str, n: int, epochs: int, repeats: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="LeNet only, one epoch (seconds)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
-    a = ap.parse_args(argv)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(a.threads)
+    a = parser(__doc__, "LeNet only, one epoch (seconds)", 3).parse_args(argv)
     models, epochs = (MODELS[:1], 1) if a.quick else (MODELS, 5)
-    try:
+    with torch_threads(a.threads):   # in-process callers (the test) get their thread count back
         rows = [r for m in models for r in measure(m, 200, epochs, a.repeats)]
-    finally:
-        torch.set_num_threads(threads)     # in-process callers (the test) get their thread count back
     write_table(Path(a.out), "bench_head", list(COLUMNS), rows,
                 f"torch {torch.__version__}, {a.threads} thread(s), fastest of {a.repeats}; ratio = full / features "
                 f"(above 1: the features path is faster); 200 samples a client at B = 10")

@@ -15,7 +15,6 @@ predictions (they may differ in the last bits of a logit, so an argmax can flip 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from pflrepro.core.training import cpu_layout
 from pflrepro.data.models import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cli import parser, torch_threads  # noqa: E402
 from _table import write_table  # noqa: E402
 from bench_bounds import best_of  # noqa: E402
 
@@ -75,20 +75,11 @@ def measure(name: str, steps: list[int], scores: list[int], repeats: int, calls:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one model, one batch size each (seconds)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
-    a = ap.parse_args(argv)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(a.threads)
+    a = parser(__doc__, "one model, one batch size each (seconds)", 3).parse_args(argv)
     models, steps, scores, calls = ((MODELS[:1], [16], [200], 5) if a.quick
                                     else (MODELS, [10, 16, 32, 64], [20, 200, 2048], 30))
-    try:
+    with torch_threads(a.threads):   # in-process callers (the test) get their thread count back
         rows = [r for m in models for r in measure(m, steps, scores, a.repeats, calls)]
-    finally:
-        torch.set_num_threads(threads)     # in-process callers (the test) get their thread count back
     write_table(Path(a.out), "bench_layout", list(COLUMNS), rows,
                 f"torch {torch.__version__}, {a.threads} thread(s), fastest of {a.repeats}; ratio = nchw / cl "
                 f"(above 1: channels-last faster)")
