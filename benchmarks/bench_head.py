@@ -32,6 +32,7 @@ from _table import write_table  # noqa: E402
 from bench_bounds import best_of  # noqa: E402
 
 MODELS = ("cnn_cifar10", "cnn_ckt", "cnn1", "mlp2")
+BATCH, CLIENTS = 10, 4   # FedBSD Table 1 mini: B = 10, 4 clients a round
 COLUMNS = ("model", "path", "clients", "steps", "full_ms", "features_ms", "ratio", "max_abs_diff")
 
 
@@ -48,10 +49,10 @@ def _is_head(name: str) -> bool:
 def measure(name: str, n: int, epochs: int, repeats: int) -> list[dict]:
     torch.manual_seed(0)
     net = build_model(name, 1, 10, 28)
-    starts = [{k: v + 0.01 * torch.randn_like(v) for k, v in net.state_dict().items()} for _ in range(4)]
-    x, y = torch.randn(4 * n, 1, 28, 28), torch.randint(0, 10, (4 * n,))
-    kw = dict(epochs=epochs, batch_size=10, lr=0.05, momentum=0.9, weight_decay=1e-4, trainable=_is_head)
-    index = [torch.arange(i * n, (i + 1) * n) for i in range(4)]
+    starts = [{k: v + 0.01 * torch.randn_like(v) for k, v in net.state_dict().items()} for _ in range(CLIENTS)]
+    x, y = torch.randn(CLIENTS * n, 1, 28, 28), torch.randint(0, 10, (CLIENTS * n,))
+    kw = dict(epochs=epochs, batch_size=BATCH, lr=0.05, momentum=0.9, weight_decay=1e-4, trainable=_is_head)
+    index = [torch.arange(i * n, (i + 1) * n) for i in range(CLIENTS)]
 
     def one(loss):
         net.load_state_dict(starts[0])
@@ -59,16 +60,16 @@ def measure(name: str, n: int, epochs: int, repeats: int) -> list[dict]:
         return {k: v.clone() for k, v in net.head.state_dict().items()}
 
     def many(loss):
-        out = local_train_many(net, starts, x, y, index, loss=loss, seeds=[1, 2, 3, 4], **kw)
+        out = local_train_many(net, starts, x, y, index, loss=loss, seeds=list(range(1, CLIENTS + 1)), **kw)
         return {k: torch.stack([s[f"head.{k}"] for s, _ in out]) for k in ("weight", "bias")}
 
     rows = []
-    for path, fn, clients in (("per_client", one, 1), ("batched", many, 4)):
+    for path, fn, clients in (("per_client", one, 1), ("batched", many, CLIENTS)):
         t = {lbl: best_of(lambda loss=loss: fn(loss), repeats, 1) * 1e3
              for lbl, loss in (("full", full_ce), ("features", ce_loss))}
         a, b = fn(full_ce), fn(ce_loss)
         diff = max((a[k] - b[k]).abs().max().item() for k in a)
-        rows.append({"model": name, "path": path, "clients": clients, "steps": epochs * -(-n // 10),
+        rows.append({"model": name, "path": path, "clients": clients, "steps": epochs * -(-n // BATCH),
                      "full_ms": round(t["full"], 2), "features_ms": round(t["features"], 2),
                      "ratio": round(t["full"] / t["features"], 2), "max_abs_diff": f"{diff:.1e}"})
     return rows
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows = [r for m in models for r in measure(m, 200, epochs, a.repeats)]
     write_table(Path(a.out), "bench_head", list(COLUMNS), rows,
                 f"torch {torch.__version__}, {a.threads} thread(s), fastest of {a.repeats}; ratio = full / features "
-                f"(above 1: the features path is faster); 200 samples a client at B = 10")
+                f"(above 1: the features path is faster); 200 samples a client at B = {BATCH}")
     return rows
 
 

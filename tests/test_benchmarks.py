@@ -163,17 +163,20 @@ def test_bench_spectrum_quick(tmp_path):
     assert (tmp_path / "bench_spectrum.csv").read_text().startswith("workload,")
 
 
+def _bench(name: str):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
 def test_bench_layout_quick(tmp_path):
     """The layout benchmark runs in-process: a step and a scoring row for LeNet, positive finite timings and
     ratios, and the two layouts' predictions compared (the speed itself is the benchmark's to report)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import bench_layout
-    finally:
-        sys.path.pop(0)
     import torch
     threads = torch.get_num_threads()
-    rows = bench_layout.main(["--quick", "--repeats", "1", "--out", str(tmp_path)])
+    rows = _bench("bench_layout").main(["--quick", "--repeats", "1", "--out", str(tmp_path)])
     assert torch.get_num_threads() == threads
     assert [(r["kind"], r["batch"]) for r in rows] == [("step", 16), ("score", 200)]
     for r in rows:
@@ -181,14 +184,6 @@ def test_bench_layout_quick(tmp_path):
             assert math.isfinite(r[k]) and r[k] > 0, (r, k)
     assert isinstance(rows[1]["same_predictions"], bool)
     assert (tmp_path / "bench_layout.csv").read_text().startswith("model,")
-
-
-def _bench(name: str):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.pop(0)
 
 
 def test_bench_head_quick(tmp_path):
