@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from pflrepro.algorithms import ALGORITHMS
-from pflrepro.core import batched
+from pflrepro.core import batched, grouped
 from pflrepro.core.batched import MemoryBudgetError, NotBatchable, local_train_many, uses_plans
 from pflrepro.core.loop import run_rounds
 from pflrepro.core.training import batchable, local_train
@@ -36,6 +36,16 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(params=["vmap", "grouped"], autouse=True)
+def _conv_kernels(request, monkeypatch):
+    """Every test twice: with the batched engine's convolutions as `vmap` runs them, and through
+    `core.grouped` (one channels-last kernel for all clients), which these small cases would not reach on
+    their own (it starts at GROUPED_MIN_ROWS clients x batch size); tests/test_grouped.py checks it is used."""
+    if request.param == "grouped":
+        monkeypatch.setattr(grouped, "GROUPED_MIN_ROWS", 0)
+    return request.param
 
 
 PARAM_ATOL = 1e-5      # final parameters / buffers, batched vs per client (float32, a few dozen steps)

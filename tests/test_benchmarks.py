@@ -212,3 +212,17 @@ def test_bench_engine_choice_quick(tmp_path):
         assert math.isfinite(r[k]) and r[k] > 0, (r, k)
     assert 0 <= r["batched_pm"] <= 100 and 0 <= r["per_client_pm"] <= 100
     assert (tmp_path / "bench_engine_choice.csv").read_text().startswith("run,")
+
+
+def test_bench_grouped_quick(tmp_path):
+    """The grouped-kernel benchmark runs in-process: a row per size, positive finite timings, `pays` as the rule
+    says, and the grouped gradients within float32 rounding of float64 ones (the speed is the benchmark's to report)."""
+    from pflrepro.core import grouped
+    rows = _bench("bench_grouped").main(["--quick", "--repeats", "1", "--out", str(tmp_path)])
+    assert [(r["clients"], r["batch"]) for r in rows] == [(4, 10), (20, 16)]
+    for r in rows:
+        for k in ("vmap_ms", "grouped_ms", "ratio"):
+            assert math.isfinite(r[k]) and r[k] > 0, (r, k)
+        assert r["pays"] == (r["rows"] >= grouped.GROUPED_MIN_ROWS)
+        assert float(r["grouped_err"]) < 1e-5 and float(r["vmap_err"]) >= 0, r
+    assert (tmp_path / "bench_grouped.csv").read_text().startswith("model,")

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 from torch.func import grad_and_value, vmap
 
+from . import grouped
 from .context import Context, Plan, Then, train_one
 from .seeds import derive_seed
 from .training import (
@@ -311,6 +312,8 @@ class _Gradients:
     each client's dropout masks drawn from its own generator."""
 
     def __init__(self, module, loss, S: _Stack, sch: _Schedule, x, y, seeds):
+        if grouped.pays(module, x, len(sch.order), int(sch.bsz.max())):
+            module = grouped.twin(module)      # convolutions and max-pooling as one channels-last kernel
         self.module, self.loss, self.S, self.sch, self.x, self.y = module, loss, S, sch, x, y
         self.names_p = [n for n, _ in module.named_parameters()]
         self.dev = x.device
@@ -449,7 +452,7 @@ def _train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch
     # ---- one step of one client, vmapped over clients; then one SGD update of the stacked tensors
     grads = _Gradients(module, loss, S, sch, x, y, seeds)
     bad = torch.zeros((), dtype=torch.bool, device=dev)
-    with train_mode(module), grads.drops.installed():
+    with train_mode(grads.module), grads.drops.installed():
         for t in range(sch.Tmax):
             A = int(sch.active[t])
             sizes = sch.bsz[:A, t]
@@ -481,14 +484,16 @@ def _head_only_many(module: nn.Module, head: nn.Module, starts: list[dict], x: t
     same batches in the same order: client i's features are rows `rows[i]`). The body comes back as it started."""
     feats, rows, at = [], [], 0
     for s, idx in zip(starts, index):
-        feats.append(body_features(module, x[idx], state={n[5:]: t for n, t in s.items() if n.startswith("body.")}))
+        body = {n.removeprefix("body."): t for n, t in s.items() if n.startswith("body.")}
+        feats.append(body_features(module, x[idx], state=body))
         rows.append(torch.arange(at, at + len(idx), device=x.device))
         at += len(idx)
-    heads = [{n[5:]: t for n, t in s.items() if n.startswith("head.")} for s in starts]
+    heads = [{n.removeprefix("head."): t for n, t in s.items() if n.startswith("head.")} for s in starts]
     out = _train_many(head, heads, torch.cat(feats), torch.cat([y[i] for i in index]), rows, loss=ce_loss,
                       trainable=None, per_sample=None, **kw)
     names = list(module.state_dict())
-    return [({n: h[n[5:]] if n.startswith("head.") else s[n] for n in names}, st) for s, (h, st) in zip(starts, out)]
+    return [({n: h[n.removeprefix("head.")] if n.startswith("head.") else s[n] for n in names}, st)
+            for s, (h, st) in zip(starts, out)]
 
 
 def _unstack(module: nn.Module, S: _Stack, sch: _Schedule, tot: list, cnt: np.ndarray) -> list:
@@ -639,7 +644,9 @@ def slower_batched(module: nn.Module, device: torch.device, batch_size: int = 0)
       2026-11-28 (whole mini runs, one thread, per-client speed over batched): at B = 32 SCD 1.43x, Ditto 1.27x,
       FedAvg 1.29x, FedRep 1.29x, FedGen 1.26x, FedRoD 1.17x, FedBABU 1.12x (20 clients a round); at B = 16
       FedAvg 0.98-1.01x and pFedSD 0.84-0.85x (its teacher pass batches too), so B = 16 stays batched. Earlier
-      (NCHW batches, 2026-11-25): pFedSD's CIFAR CNN 0.64x per-client speed at B=64, 0.98x at B=10."""
+      (NCHW batches, 2026-11-25): pFedSD's CIFAR CNN 0.64x per-client speed at B=64, 0.98x at B=10. Measured
+      again with the batched steps through `grouped` (2026-11-28, `benchmarks/bench_engine_choice.py`): at B = 32
+      SCD 1.25x, Ditto 1.08x, FedAvg 1.12x (the rule holds); at B = 16 FedAvg 0.59x, pFedSD 0.57x."""
     if torch.device(device).type != "cpu":
         return False
     convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.models import SplitModel
+
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -111,6 +113,14 @@ def cpu_layout(x: torch.Tensor, net: nn.Module | None = None) -> torch.Tensor:
     return x.to(memory_format=torch.channels_last)
 
 
+def _chunks(x: torch.Tensor, batch: int, net: nn.Module):
+    """Rows of x in chunks of `batch`, each in the layout `net` runs fastest (`cpu_layout`, decided once per call;
+    chunk by chunk, so a large test set is never copied whole)."""
+    conv = has_conv(net)
+    for i in range(0, len(x), batch):
+        yield cpu_layout(x[i:i + batch]) if conv else x[i:i + batch]
+
+
 # ---------------------------------------------------------------- a frozen body's features, computed once
 # Layers whose output is a fixed function of each sample in train mode as in eval mode (no dropout draws, no
 # batch statistics, no buffers): a body made of them gives the same features at every step of a call.
@@ -125,7 +135,6 @@ def head_only(net: nn.Module, trainable: Callable[[str], bool] | None, loss, per
     so they can be computed once per call (FedRep's and FedBSD's head phase, the "+FT" baselines' head
     fine-tuning). The head sees the same samples in the same order, with the same optimiser; only the body's
     sums may round differently (its batch is the client's data instead of one mini-batch)."""
-    from ..data.models import SplitModel
     if trainable is None or loss is not ce_loss or per_sample or not isinstance(net, SplitModel):
         return None
     if type(net).forward is not SplitModel.forward or type(net).features is not SplitModel.features:
@@ -143,7 +152,7 @@ def body_features(net: nn.Module, x: torch.Tensor, batch: int = 2048, state: dic
     """The body's features of every row of x (`state`: the body's parameters to use instead of its own)."""
     body = net.body
     run = body if state is None else (lambda v: torch.func.functional_call(body, state, (v,)))
-    return torch.cat([run(cpu_layout(x[i:i + batch], net)) for i in range(0, len(x), batch)])
+    return torch.cat([run(v) for v in _chunks(x, batch, net)])
 
 
 # ---------------------------------------------------------------- local training
@@ -242,13 +251,13 @@ def outputs(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
     """The model's raw outputs (logits) for every row of x, in eval mode, batched; the module's modes restored
     after (soft decisions on a public set, server-side distillation targets, losses of candidate models)."""
     with train_mode(net, False):
-        return torch.cat([net(cpu_layout(x[i:i + batch], net)) for i in range(0, len(x), batch)])
+        return torch.cat([net(v) for v in _chunks(x, batch, net)])
 
 
 @torch.no_grad()
 def predict(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
     net.eval()
-    return torch.cat([net(cpu_layout(x[i:i + batch], net)).argmax(1) for i in range(0, len(x), batch)]) if len(x) else \
+    return torch.cat([net(v).argmax(1) for v in _chunks(x, batch, net)]) if len(x) else \
         torch.empty(0, dtype=torch.long, device=x.device)
 
 
