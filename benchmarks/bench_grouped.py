@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ from pflrepro.data.models import build_model
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import parser, torch_threads  # noqa: E402
 from _table import write_table  # noqa: E402
+from bench_bounds import best_of  # noqa: E402
 
 MODELS = ("cnn_cifar10", "cnn_ckt", "cnn1")
 # (clients, batch size): FedBSD's 4 clients at B = 10, pFedSD's 20 at B = 16, SCD's and PerFed-CKT's B = 32, and
@@ -40,17 +40,6 @@ def _step(net):
     def loss(p, xb, yb):
         return F.cross_entropy(functional_call(net, p, (xb,)), yb)
     return vmap(grad_and_value(loss))
-
-
-def _fastest(fn, repeats: int, steps: int = 10) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        best = min(best, (time.perf_counter() - t) / steps)
-    return best
 
 
 def _error(g: dict, net, params: dict, x, y) -> float:
@@ -73,8 +62,8 @@ def measure(name: str, clients: int, batch: int, repeats: int) -> dict:
     x, y = torch.randn(clients, batch, 1, 28, 28), torch.randint(0, 10, (clients, batch))
     plain, twin = _step(net), _step(grouped.twin(net))
     a, b = plain(params, x, y)[0], twin(params, x, y)[0]
-    t_plain = _fastest(lambda: plain(params, x, y), repeats)
-    t_twin = _fastest(lambda: twin(params, x, y), repeats)
+    t_plain = best_of(lambda: plain(params, x, y), repeats, 10)
+    t_twin = best_of(lambda: twin(params, x, y), repeats, 10)
     return {"model": name, "clients": clients, "batch": batch, "rows": clients * batch,
             "vmap_ms": round(t_plain * 1e3, 2), "grouped_ms": round(t_twin * 1e3, 2),
             "ratio": round(t_plain / t_twin, 2), "pays": grouped.pays(net, x, clients, batch),

@@ -27,7 +27,7 @@ Speed (the pFedSD paper row: Fashion-MNIST, 100 clients, 10 % participation, E =
 pFedSD, interleaved ours, theirs, ours, theirs; wall seconds per round for rounds 2-4, load average printed):
 
     .venv/bin/python scripts/crosscheck/pfedsd_authors.py --authors /tmp/pfedsd_authors --out /tmp/xcheck_timing \
-        --timing [--ours-root /path/to/other/pflrepro/checkout] [--reps 2]
+        --timing [--ours-root /path/to/other/pflrepro/checkout] [--reps 2] [--engine batched]
 
 Outputs in --out (never inside the repository): `per_round.csv` (algorithm, seed, round, side, pm_mean, pm_pooled,
 n_fresh, own_avg), `per_seed.csv` (per algorithm, seed and metric: ours, theirs, diff), `summary.csv` (per algorithm
@@ -592,6 +592,8 @@ def parse_args(argv=None):
     for name, kind in (("rounds", int), ("n-clients", int), ("participation", float), ("local-epochs", int),
                        ("batch-size", int), ("subsample", float), ("lr", float)):
         ap.add_argument(f"--{name}", type=kind, default=None, help="override the setting's value")
+    ap.add_argument("--engine", choices=("auto", "batched", "per_client"), default=None,
+                    help="our training engine (default: the config's, `auto`)")
     opts = ap.parse_args(argv)
     opts.algorithms = [a for a in opts.algorithms.split(",") if a]
     opts.seeds = [int(s) for s in opts.seeds.split(",") if s]
@@ -606,7 +608,7 @@ def parse_args(argv=None):
     if not (opts.authors / "run_gloo.py").exists() or not (opts.authors / "pcode").is_dir():
         ap.error(f"--authors {opts.authors}: no run_gloo.py / pcode/ there")
     opts.setting = dict(TIMING if opts.timing else SETTING)
-    for name in ("rounds", "n_clients", "participation", "local_epochs", "batch_size", "subsample", "lr"):
+    for name in ("rounds", "n_clients", "participation", "local_epochs", "batch_size", "subsample", "lr", "engine"):
         if getattr(opts, name) is not None:
             opts.setting[name] = getattr(opts, name)
     if opts.threads is None:
