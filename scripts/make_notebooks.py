@@ -1,6 +1,6 @@
 """Write dvc.yaml's stages from the notebooks, a skeleton for a new notebook, and check both (docs/architecture.md).
 
-    python scripts/make_notebooks.py                        # dvc.yaml: one stage per notebook, one train stage per paper
+    python scripts/make_notebooks.py                        # dvc.yaml: a train and a render stage per paper
     python scripts/make_notebooks.py --new NAME "TITLE"     # notebooks/NAME.ipynb: params, Experiment, run, render, finish
     python scripts/make_notebooks.py --check                # exit 1 when dvc.yaml or a notebook is out of step
 
@@ -64,12 +64,14 @@ def notebooks() -> list[str]:
     return sorted(names, key=key)
 
 
-DVC_HEADER = """# Every table and figure, one stage per notebook (written by scripts/make_notebooks.py from notebooks/).
-# `dvc repro` runs the profile named in each params file (default: mini, offline Fashion-MNIST). Tables and
-# figures are DVC outputs; params files are deps as files, with only `profile` a DVC param (make_notebooks.py
-# WHOLE_PARAMS says why); the trained runs live in the shared content-addressed store results/runs
-# (key = config + the code it ran), so stages that render the same runs (Table 2 -> Tables 4, 5, Figs. 6, 7)
-# never train twice and a changed parameter only reruns the runs it changes.
+DVC_HEADER = """# Every table and figure (written by scripts/make_notebooks.py from notebooks/): per paper,
+# train_<paper> trains the runs of all its notebooks in one queue, then render_<paper> renders its notebooks through
+# papermill, two at a time (`python -m pflrepro render`); the example has a stage of its own. `dvc repro` runs the
+# profile named in each params file (default: mini, offline Fashion-MNIST). Tables and figures are DVC outputs;
+# params files are deps as files, with only `profile` a DVC param (make_notebooks.py WHOLE_PARAMS says why); the
+# trained runs live in the shared content-addressed store results/runs (key = config + the code it ran), so notebooks
+# that render the same runs (Table 2 -> Tables 4, 5, Figs. 6, 7) never train twice and a changed parameter only
+# reruns the runs it changes.
 """
 
 FIXED_STAGES = {
@@ -125,27 +127,51 @@ def _metric(name: str) -> str:
     return read_params(name).get("metric", "pm_acc_mean")
 
 
-def stage(name: str) -> dict:
+def _deps(name: str) -> list[str]:
+    """What a notebook's render reads: itself, the package, the data, its params chain, its paper's train manifest
+    (when it has runs), the paper numbers it prints, and the notebook it renders after (`source`)."""
     import yaml
     doc = yaml.safe_load((ROOT / "params" / f"{name}.yaml").read_text()) or {}
     chain = _params_chain(name)
-    whole = name in WHOLE_PARAMS
-    deps = [f"notebooks/{name}.ipynb", "pflrepro", "data/fmnist.pt", *([] if whole else chain)]
+    deps = [f"notebooks/{name}.ipynb", "pflrepro", "data/fmnist.pt", *([] if name in WHOLE_PARAMS else chain)]
     if _paper(name) and trains(name):   # its runs are trained (or found) by the paper's train stage first
         deps.append(f"results/train/{_paper(name)}.json")
     tables = {doc.get("paper_table")} | {yaml.safe_load((ROOT / p).read_text()).get("paper_table") for p in chain}
     deps += sorted(f"paper_numbers/{t}.csv" for t in tables if t)
-    if doc.get("source") and "profiles" not in doc:   # rendered from another stage's runs: run after it
+    if doc.get("source") and "profiles" not in doc:   # rendered from another notebook's runs or files: after it
         deps.append(f"results/{doc['source']}")
+    return deps
+
+
+def _outputs(names: list[str]) -> dict:
+    """outs, and for the notebooks with runs their DVC metrics and curves (uncached: committed)."""
+    runs = [n for n in names if trains(n)]
+    return {"outs": [o for n in names for o in (f"results/{n}", f"figures/{n}")],
+            **({"metrics": [{f"metrics/{n}.json": {"cache": False}} for n in runs],
+                "plots": [{f"metrics/{n}.curves.csv": {"cache": False}} for n in runs]} if runs else {})}
+
+
+def stage(name: str) -> dict:
+    """A notebook's own stage (the example: its params are whole DVC params, for README's `dvc exp` sweep)."""
     return {"cmd": f"mkdir -p results/{name} && papermill notebooks/{name}.ipynb results/{name}/{name}.ipynb "
                    "--no-progress-bar -p progress log",
-            "deps": deps, "params": _tracked(chain, whole), "outs": [f"results/{name}", f"figures/{name}"],
-            **({} if not trains(name) else {"metrics": [{f"metrics/{name}.json": {"cache": False}}],
-                                            "plots": [{f"metrics/{name}.curves.csv": {"cache": False}}]})}
+            "deps": _deps(name), "params": _tracked(_params_chain(name), name in WHOLE_PARAMS), **_outputs([name])}
+
+
+def render_stage(names: list[str]) -> dict:
+    """A paper's notebooks, rendered by papermill two at a time (`python -m pflrepro render`, pflrepro.pipeline.
+    notebooks: sources first, `alone` ones alone). DVC runs stages one after another, and one stage per notebook left
+    a core idle for the 7 minutes of rendering in a default repro (docs/performance.md, "Notebooks two at a time")."""
+    own = {f"results/{n}" for n in names}
+    deps = list(dict.fromkeys(d for n in names for d in _deps(n) if d not in own))   # its own outputs: order only
+    chains = sorted({p for n in names for p in _params_chain(n)})
+    return {"cmd": f"python -m pflrepro render {' '.join(names)}", "deps": deps, "params": _tracked(chains),
+            **_outputs(names)}
 
 
 def dvc_yaml_text() -> str:
-    """dvc.yaml as this script writes it: the data stage, a train stage per paper, a stage per notebook, the report."""
+    """dvc.yaml as this script writes it: the data stage, a train and a render stage per paper, the example's stage,
+    the report."""
     import yaml
     stages = dict(FIXED_STAGES)
     built = notebooks()
@@ -154,8 +180,13 @@ def dvc_yaml_text() -> str:
         if any(trains(n) for n in mine):
             stages[f"train_{paper}"] = train_stage(paper, mine)
     for name in built:
-        stages[name] = stage(name)
-    papers = [n for n in stages if n not in FIXED_STAGES and n != "example" and not n.startswith("train_")]
+        if not _paper(name):
+            stages[name] = stage(name)
+    for paper in PAPERS:
+        mine = [n for n in built if _paper(n) == paper]
+        if mine:
+            stages[f"render_{paper}"] = render_stage(mine)
+    papers = [n for n in built if _paper(n)]
     stages["report"] = {  # the replication report: every paper's tables, figures and claims checklist, last
         "cmd": "python -m pflrepro report --results results --figures figures --out results/report --metrics "
                "metrics/report.json",
@@ -168,7 +199,7 @@ def dvc_yaml_text() -> str:
     # learning curves where DVC users look (`dvc plots show`, `dvc plots diff` between experiments): every training
     # notebook's metrics/<name>.curves.csv (pflrepro.reporting.notebook.plot_curves_csv; committed like the metrics, so a
     # fresh clone draws them), one line per curve (template .dvc/plots/curves.json)
-    metric = {n: _metric(n) for n in built if "metrics" in stages[n]}
+    metric = {n: _metric(n) for n in built if trains(n)}
     plots = [{f"metrics/{n}.curves.csv": {"x": "round", "y": m, "template": "curves", "title": n,
                                            "y_label": f"{m} (%)"}} for n, m in metric.items()]
     return DVC_HEADER + yaml.safe_dump({"stages": stages, "plots": plots}, sort_keys=False, width=120).replace(": null", ":")
@@ -186,8 +217,9 @@ def skeleton(name: str, title: str) -> dict:
         if kind == "code":
             c.update(execution_count=None, outputs=[])
         return c
-    md = (f"# {title}\n\nParams in `params/{name}.yaml` (profiles `smoke`, `mini`, `paper`). Run with `dvc repro "
-          f"{name}`, papermill, or here in JupyterLab. Render cells call `pflrepro.reporting.render` and "
+    md = (f"# {title}\n\nParams in `params/{name}.yaml` (profiles `smoke`, `mini`, `paper`). Run with `python -m "
+          f"pflrepro render {name}`, papermill, or here in JupyterLab (`dvc repro` renders it with its paper's "
+          "notebooks). Render cells call `pflrepro.reporting.render` and "
           "`pflrepro.papers`: edit them here and keep them (docs/architecture.md).")
     cells = [cell("markdown", md), cell("code", PARAMS.format(name=name), ["parameters"]),
              cell("code", SETUP.format(name=name)), cell("code", RUN), cell("code", RENDER.format(title=title)),

@@ -308,62 +308,83 @@ def test_a_new_notebook_skeleton_gets_a_stage(tmp_path, monkeypatch):
     assert mk.notebook_problems("mypaper_table1", nb) == [] and mk.trains("mypaper_table1")
 
 
+def _renders(dvc: dict) -> dict[str, str]:
+    """notebook -> the stage that renders it (the one with its results/<name> output)."""
+    return {o[len("results/"):]: s for s, st in dvc.items() for o in st.get("outs", [])
+            if isinstance(o, str) and o.startswith("results/") and o.count("/") == 1 and s != "report"}
+
+
+def _names(nb: str, cmd: str) -> bool:
+    """A stage's command renders this notebook (`pflrepro render ... NAME ...`, or papermill on it)."""
+    return nb in cmd.split() or f"notebooks/{nb}.ipynb" in cmd.split()
+
+
 def test_dvc_stages_cover_every_notebook_and_params():
     dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
     whole = _make_notebooks().WHOLE_PARAMS   # the stages whose params files are all DVC params
     notebooks = sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("*.ipynb"))
+    owner = _renders(dvc)
     for nbname in notebooks:
-        assert nbname in dvc, f"notebook {nbname} has no DVC stage"
-        st = dvc[nbname]
+        assert nbname in owner, f"notebook {nbname} has no DVC stage"
+        st = dvc[owner[nbname]]
         assert f"notebooks/{nbname}.ipynb" in st["deps"]
+        assert _names(nbname, st["cmd"]), (nbname, st["cmd"])
         tracked = {next(iter(p)) for p in st["params"]}   # a params file is a dep, or (WHOLE_PARAMS) all its values
         assert f"params/{nbname}.yaml" in set(st["deps"]) | tracked, nbname    # are DVC params
         for p in st["params"]:   # a paper stage's DVC params: only the `profile` key (dvc.lock stays small)
             if nbname not in whole:
                 assert next(iter(p.values())) == ["profile"] and next(iter(p)) in st["deps"], nbname
-        outs = [o if isinstance(o, str) else next(iter(o)) for o in st["outs"]]
-        assert f"figures/{nbname}" in outs
+        assert f"figures/{nbname}" in st["outs"]
+        assert not {d for d in st["deps"] if d.startswith("results/")} & set(st["outs"])   # DVC: no stage reads its own
     for nbname in notebooks:  # a stage declaring DVC metrics has a notebook that writes them (the full repro once
-        if "metrics" in dvc[nbname]:   # failed at the example stage: its hand-written notebook never did)
-            src = (REPO_ROOT / "notebooks" / f"{nbname}.ipynb").read_text()
-            assert "E.finish()" in src or "write_metrics_and_curves(" in src, nbname
+        if {f"metrics/{nbname}.json": {"cache": False}} in dvc[owner[nbname]].get("metrics", []):   # failed at the
+            src = (REPO_ROOT / "notebooks" / f"{nbname}.ipynb").read_text()   # example stage: its hand-written
+            assert "E.finish()" in src or "write_metrics_and_curves(" in src, nbname   # notebook never did)
     for nbname in notebooks:  # committed clean: outputs come from dvc repro
         assert '"output_type"' not in (REPO_ROOT / "notebooks" / f"{nbname}.ipynb").read_text()
 
 
 def test_each_paper_trains_its_runs_in_one_stage_before_its_notebooks():
-    """train_<paper> lists every notebook of that paper that trains, reads all their params files, and each
-    such notebook depends on its manifest (so DVC runs it after)."""
+    """train_<paper> lists every notebook of that paper that trains and reads all their params files; render_<paper>
+    renders every notebook of the paper, after the train stage's manifest (so DVC runs it after)."""
     dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
     train = {s[len("train_"):]: st for s, st in dvc.items() if s.startswith("train_")}
-    assert set(train) == {"pfedsd", "dcpfl", "scd", "fedbsd", "perfed_ckt"}
-    for name, st in dvc.items():
-        manifest = [d for d in st.get("deps", []) if d.startswith("results/train/")]
-        paper = next((p for p in train if name.startswith(p + "_")), None)
-        if not paper or name.startswith("train_") or not manifest:
-            continue
-        assert manifest == [f"results/train/{paper}.json"], name
-        assert f" {name} " in train[paper]["cmd"], name
-        assert {d for d in st["deps"] if d.startswith("params/")} <= set(train[paper]["deps"]), name
-    trained = {n for st in train.values() for n in st["cmd"].split("--out")[0].split()[4:]}
-    with_runs = {n for n, st in dvc.items() if "plots" in st and n != "example"}   # the stages with runs: metrics and curves
-    assert trained == with_runs
+    render = {s[len("render_"):]: st for s, st in dvc.items() if s.startswith("render_")}
+    assert set(train) == set(render) == {"pfedsd", "dcpfl", "scd", "fedbsd", "perfed_ckt"}
+    with_runs = set()
+    for paper, st in render.items():
+        names = st["cmd"].split()[4:]
+        assert st["cmd"].startswith("python -m pflrepro render ") and names
+        assert sorted(names) == sorted(p.stem for p in (REPO_ROOT / "notebooks").glob(f"{paper}_*.ipynb")), paper
+        assert [d for d in st["deps"] if d.startswith("results/train/")] == [f"results/train/{paper}.json"], paper
+        trained = train[paper]["cmd"].split("--out")[0].split()[4:]
+        assert set(trained) <= set(names), paper
+        assert {f"params/{n}.yaml" for n in trained} <= set(train[paper]["deps"]), paper
+        assert {next(iter(p)) for p in st["plots"]} == {f"metrics/{n}.curves.csv" for n in trained}, paper
+        with_runs |= set(trained)
+    assert with_runs == {n for n in _renders(dvc) if n != "example" and _make_notebooks().trains(n)}
 
 
 def test_every_training_stage_has_its_curves_as_a_dvc_plot():
-    """`dvc plots show` draws metrics/<stage>.curves.csv (written by Experiment.finish, checked on every notebook
-    in tests/test_notebooks.py; an uncached plots output of the stage, committed like its metrics) with the
-    committed template, one line per curve."""
+    """`dvc plots show` draws metrics/<name>.curves.csv (written by Experiment.finish, checked on every notebook
+    in tests/test_notebooks.py; an uncached plots output of the stage that renders the notebook, committed like its
+    metrics) with the committed template, one line per curve."""
     doc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
     plots = {next(iter(p)): next(iter(p.values())) for p in doc["plots"]}
+    drawn = set()
     for name, st in doc["stages"].items():
-        if "plots" in st:   # a stage with runs (the report has metrics, no curves)
-            spec = plots[f"metrics/{name}.curves.csv"]
-            assert (spec["x"], spec["template"]) == ("round", "curves"), name
-            assert spec["y"] == experiments.read_params(name).get("metric", "pm_acc_mean"), name
-            assert st["plots"] == [{f"metrics/{name}.curves.csv": {"cache": False}}], name
-    with_runs = {n for n, st in doc["stages"].items() if "metrics" in st and n != "report"}
-    assert with_runs == {n for n, st in doc["stages"].items() if "plots" in st}   # every stage with runs has curves
+        metrics = {next(iter(m)) for m in st.get("metrics", [])}
+        for p in st.get("plots", []):   # the notebooks with runs (the report has metrics, no curves)
+            path, = p
+            nb = path[len("metrics/"):-len(".curves.csv")]
+            spec = plots[path]
+            assert (spec["x"], spec["template"]) == ("round", "curves"), nb
+            assert spec["y"] == experiments.read_params(nb).get("metric", "pm_acc_mean"), nb
+            assert p == {path: {"cache": False}} and f"metrics/{nb}.json" in metrics, nb   # curves and metrics both
+            drawn.add(nb)
+        if name != "report":
+            assert metrics == {f"metrics/{nb}.json" for nb in drawn if _names(nb, st["cmd"])}, name
+    assert drawn == {next(iter(p))[len("metrics/"):-len(".curves.csv")] for p in doc["plots"]}
     template = json.loads((REPO_ROOT / ".dvc" / "plots" / "curves.json").read_text())
     assert template["encoding"]["color"]["field"] == "curve" and template["data"]["values"] == "<DVC_METRIC_DATA>"
 
@@ -382,7 +403,7 @@ def test_dvc_plots_show_draws_every_stage_in_a_fresh_clone(tmp_path):
     assert not doc.get("errors"), doc.get("errors")
     shown = {k.split("::", 1)[-1]: v for k, v in doc["data"].items()}
     stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
-    wanted = {f"metrics/{n}.curves.csv" for n, st in stages.items() if "plots" in st}
+    wanted = {next(iter(p)) for st in stages.values() for p in st.get("plots", [])}
     assert wanted <= set(shown), wanted - set(shown)
     for path in wanted:   # each drawn with its rows (round, curve, the stage's metric)
         values = shown[path][0]["content"]["data"]["values"]

@@ -49,7 +49,7 @@ PROFILE_KEYS = ("seeds", "base", "settings", "methods", "per_dataset", "extra")
 # keys a params file may hold beside `profiles`: which profile, where it inherits from, and what its notebook reads
 FILE_KEYS = ("profile", "profiles", "inherit", "source", "paper_table", "paper_column", "metric", "gm_rows", "scale",
              "targets", "pairs", "methods_shown", "finetune_epochs", "bandwidth_mbps", "parallel_clients", "reference",
-             "method")
+             "method", "alone")   # alone: its render stage runs it with no other notebook beside it (pipeline.notebooks)
 
 
 def _unknown(what: str, key: str, allowed) -> ConfigError:

@@ -85,15 +85,21 @@ def _has_outputs(d: Path) -> bool:
     return d.is_dir() and ((d / "provenance.json").exists() or any(d.glob("*.csv")))
 
 
+def dvc_notebooks() -> set[str]:
+    """The notebooks dvc.yaml renders: each stage's `results/<name>` outputs (a paper's render stage has several)."""
+    stages = (yaml.safe_load(DVC_FILE.read_text()) or {}).get("stages", {}) if DVC_FILE.exists() else {}
+    outs = (o if isinstance(o, str) else next(iter(o)) for st in stages.values() for o in st.get("outs", []))
+    return {o.split("/", 1)[1] for o in outs if o.startswith("results/") and o.count("/") == 1}
+
+
 def expected_stages(results_root: Path, docs: list[dict]) -> dict[str, list[str]]:
-    """paper -> its stages: those with outputs under results_root, those named in dvc.yaml, and those the
-    claims files name (`where.stage`, `planned_stages`)."""
+    """paper -> its stages (a stage here is one notebook: its table or figure): those with outputs under
+    results_root, those dvc.yaml renders (a stage's `results/<name>` outputs), and those the claims files name
+    (`where.stage`, `planned_stages`)."""
     papers = set(PAPERS) | {d["paper"] for d in docs}
     names = {d.name for d in results_root.iterdir() if "_" in d.name and _has_outputs(d)} \
         if results_root.is_dir() else set()
-    if DVC_FILE.exists():
-        stages = (yaml.safe_load(DVC_FILE.read_text()) or {}).get("stages", {})
-        names |= {s for s in stages if any(s.startswith(p + "_") for p in papers)}
+    names |= {n for n in dvc_notebooks() if any(n.startswith(p + "_") for p in papers)}
     for d in docs:
         names |= {c["where"]["stage"] for c in d["claims"]} | set(d.get("planned_stages", []))
     out = {p: [] for p in list(PAPERS) + sorted(papers - set(PAPERS))}
