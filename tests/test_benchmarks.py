@@ -226,3 +226,17 @@ def test_bench_grouped_quick(tmp_path):
         assert r["pays"] == (r["rows"] >= grouped.GROUPED_MIN_ROWS)
         assert float(r["grouped_err"]) < 1e-5 and float(r["vmap_err"]) >= 0, r
     assert (tmp_path / "bench_grouped.csv").read_text().startswith("model,")
+
+
+def test_bench_render_quick(tmp_path):
+    """The render benchmark renders two notebooks that train nothing both ways (one stage each, then `pflrepro
+    render` two at a time) in a worktree of HEAD, leaves no worktree behind, and writes both sides' wall times and
+    their ratio (the speed itself is the benchmark's to report)."""
+    before = subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_render.py"), "--quick", "--out",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "bench_render.csv")))
+    assert [r["side"] for r in rows] == ["per_notebook", "render"] and all(r["notebooks"] == "2" for r in rows)
+    assert all(float(r["wall_s"]) > 0 for r in rows) and float(rows[1]["ratio_per_notebook_over_render"]) > 0
+    assert subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout == before
