@@ -114,3 +114,18 @@ def test_the_cli_refuses_bad_jobs_and_unknown_notebooks_in_one_line(capsys):
     assert main(["render", "pfedsd_table99"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("config error: render 'pfedsd_table99': notebooks/pfedsd_table99.ipynb") and "\n" not in err
+
+
+def test_a_verb_builds_only_its_own_parser():
+    """`python -m pflrepro render ...` (each render stage) no longer builds every verb's parser: those of `claims`,
+    `report` and `tune` import the reporting layer, scipy and torch (5.7 s before the first notebook started)."""
+    import subprocess
+    import sys
+    code = ("import sys; from pflrepro.cli import main; rc = main(['render', 'pfedsd_table99']); "
+            "print(rc, 'torch' in sys.modules, 'pflrepro.reporting.claims' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["2", "False", "False"], out.stdout + out.stderr[-2000:]
+    code = ("import sys; from pflrepro.cli import main; main(['list']); "
+            "print('pflrepro.reporting.claims' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split()[-1] == "False", out.stderr[-2000:]
