@@ -9,8 +9,9 @@ into the worktree with `data/`): run `dvc repro` first, or the notebooks train t
 times that too (it says how many runs the store holds). Sides alternate, one side's repeats each timed whole; the
 fastest repeat of each counts. The per-notebook side is each old stage's command,
 `mkdir -p results/NAME && papermill notebooks/NAME.ipynb results/NAME/NAME.ipynb --no-progress-bar -p progress log`,
-one after another; DVC's own time per stage (hashing, the lock: about 1.4 s a stage, measured 2026-11-28) is in
-neither side. `--quick`: two notebooks that train nothing (pFedSD Fig. 5, PerFed-CKT Fig. 2), one repeat (the test).
+one after another, sources first as DVC ordered them; DVC's own time per stage (hashing, the lock: about 1.4 s a
+stage, measured 2026-11-28) is in neither side. `--quick`: two notebooks that train nothing (pFedSD Fig. 5,
+PerFed-CKT Fig. 2), one repeat (the test).
 Writes <out>/bench_render.csv and bench_render.md (default out: benchmarks/out/). Run it on an idle machine.
 """
 from __future__ import annotations
@@ -38,8 +39,18 @@ def _names(a) -> list[str]:
         return QUICK
     if a.names:
         return a.names.split(",")
-    return sorted((p.stem for p in (REPO / "notebooks").glob(f"{a.paper}_*.ipynb")),
-                  key=lambda n: (n.split("_")[-1].rstrip("0123456789"), int("0" + "".join(filter(str.isdigit, n)))))
+    return sorted(p.stem for p in (REPO / "notebooks").glob(f"{a.paper}_*.ipynb"))
+
+
+def stage_order(names: list[str]) -> list[str]:
+    """Sources before the notebooks that read them, as DVC ran the per-notebook stages (Table 11 before Table 10,
+    which otherwise measures the costs itself: 25 s of work the stages never did)."""
+    from pflrepro.pipeline.notebooks import plan
+    after, _ = plan(names, REPO)
+    out: list[str] = []
+    while len(out) < len(names):
+        out += [n for n in names if n not in out and after[n] <= set(out)]
+    return out
 
 
 def worktree() -> tuple[Path, str]:
@@ -86,7 +97,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="two notebooks that train nothing, one repeat (the test)")
     ap.add_argument("--out", default=str(HERE / "out"))
     a = ap.parse_args(argv)
-    names = _names(a)
+    names = stage_order(_names(a))
     tree, commit = worktree()
     env = {**os.environ, "PYTHONPATH": str(tree)}
     env.pop("PFLREPRO_RESULTS", None)
