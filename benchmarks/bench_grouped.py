@@ -1,10 +1,10 @@
 """One batched training step through `core.grouped` (convolutions and max-pooling of all clients as one channels-last
 kernel) against the same step as `vmap` runs the plain layers, in the same run: the measurements behind
-`grouped.GROUPED_MIN_ROWS` and `grouped.MEASURED_LAYERS`.
+`grouped.GROUPED_MIN_CLIENTS`, `grouped.GROUPED_MIN_ROWS` and `grouped.MEASURED_LAYERS`.
 
 For each model and (clients, batch size), at one torch thread (a `dvc repro` worker's): per-client gradients and
-losses of a cross-entropy step (`vmap(grad_and_value(loss))`, what the batched engine calls each step) through the
-module (`vmap_ms`) and through `grouped.twin(module)` (`grouped_ms`), fastest of R blocks of 10 steps, the ratio
+losses of a cross-entropy step (ordinary autograd over `vmap(loss)`, what the batched engine calls each step) through
+the module (`vmap_ms`) and through `grouped.twin(module)` (`grouped_ms`), fastest of R blocks of 10 steps, the ratio
 vmap / grouped (above 1: the grouped kernels are faster), what `grouped.pays` decides there, and each path's gradient
 error against the same gradients computed client by client in float64 (`_error`; float32 rounding is about 1e-6).
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, grad, grad_and_value, vmap
+from torch.func import functional_call, grad, vmap
 
 from pflrepro.core import grouped
 from pflrepro.data.models import build_model
@@ -31,15 +31,21 @@ from bench_bounds import best_of  # noqa: E402
 
 MODELS = ("cnn_cifar10", "cnn_ckt", "cnn1")
 # (clients, batch size): FedBSD's 4 clients at B = 10, pFedSD's 20 at B = 16, SCD's and PerFed-CKT's B = 32, and
-# the sizes around the threshold
-GRID = ((4, 10), (8, 10), (4, 32), (8, 16), (20, 10), (10, 16), (20, 16), (10, 32), (20, 32), (20, 64))
+# the sizes around the thresholds (one client; the smallest steps)
+GRID = ((1, 10), (1, 32), (2, 5), (2, 10), (4, 10), (8, 10), (4, 32), (8, 16), (20, 10), (10, 16), (20, 16), (10, 32),
+        (20, 32), (20, 64))
 COLUMNS = ("model", "clients", "batch", "rows", "vmap_ms", "grouped_ms", "ratio", "pays", "vmap_err", "grouped_err")
 
 
 def _step(net):
-    def loss(p, xb, yb):
-        return F.cross_entropy(functional_call(net, p, (xb,)), yb)
-    return vmap(grad_and_value(loss))
+    """One step as `batched._Gradients` takes it: ordinary autograd over the `vmap`ped per-client losses."""
+    losses = vmap(lambda p, xb, yb: F.cross_entropy(functional_call(net, p, (xb,)), yb))
+
+    def step(params, x, y):
+        leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
+        v = losses(leaves, x, y)
+        return dict(zip(leaves, torch.autograd.grad(v.sum(), list(leaves.values())))), v.detach()
+    return step
 
 
 def _error(g: dict, net, params: dict, x, y) -> float:
@@ -77,7 +83,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows = [measure(m, c, b, a.repeats) for m in models for c, b in grid]
     write_table(Path(a.out), "bench_grouped", list(COLUMNS), rows,
                 f"torch {torch.__version__}, {a.threads} thread(s), fastest of {a.repeats} blocks of 10 steps; "
-                f"ratio = vmap / grouped (above 1: grouped is faster); GROUPED_MIN_ROWS = {grouped.GROUPED_MIN_ROWS}")
+                f"ratio = vmap / grouped (above 1: grouped is faster); "
+                f"GROUPED_MIN_CLIENTS = {grouped.GROUPED_MIN_CLIENTS}, GROUPED_MIN_ROWS = {grouped.GROUPED_MIN_ROWS}")
     return rows
 
 

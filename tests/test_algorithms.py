@@ -1,5 +1,6 @@
 """Loss/update math of the algorithms on hand-computed cases, and short learning runs."""
 import math
+import warnings
 
 import pytest
 import torch
@@ -24,6 +25,27 @@ def test_kd_kl_hand_computed():
     want2 = 4 * float((p * (p.log() - math.log(0.5))).sum())
     assert kd_kl(s.repeat(2, 1), t.repeat(2, 1), 2.0).item() == pytest.approx(want2, rel=1e-5)
     assert kd_kl(t, t, 3.0).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_kd_kl_is_torch_kl_div_bit_for_bit_and_under_vmap():
+    """kd_kl spells out F.kl_div(..., reduction="batchmean") (vmap has no batching rule for kl_div): the same value
+    and gradient bits, per client and under vmap (whose fallback for kl_div runs the clients one by one)."""
+    import torch.nn.functional as F
+
+    def torch_kd(s, t, tau):
+        return tau * tau * F.kl_div(F.log_softmax(s / tau, 1), F.softmax(t / tau, 1), reduction="batchmean")
+
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(5, 16, 10, generator=g, requires_grad=True), torch.randn(5, 16, 10, generator=g)
+    t[0, 0] = -1e4                     # a teacher probability of exactly 0 (0 log 0 = 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")      # "performance drop ... batching rule for aten::kl_div"
+        want = torch.func.vmap(lambda a, b: torch_kd(a, b, 3.0))(s, t)
+    got = torch.func.vmap(lambda a, b: kd_kl(a, b, 3.0))(s, t)
+    assert torch.equal(got, want)
+    assert torch.equal(torch.autograd.grad(got.sum(), s)[0], torch.autograd.grad(want.sum(), s)[0])
+    assert torch.equal(kd_kl(s[1], t[1], 1.0), torch_kd(s[1], t[1], 1.0))
+    assert not torch.equal(kd_kl(s[1], t[2], 1.0), torch_kd(s[1], t[1], 1.0))
 
 
 def _ctx(**kw):

@@ -40,11 +40,14 @@ def _one_thread():
 
 @pytest.fixture(params=["vmap", "grouped"], autouse=True)
 def _conv_kernels(request, monkeypatch):
-    """Every test twice: with the batched engine's convolutions as `vmap` runs them, and through
-    `core.grouped` (one channels-last kernel for all clients), which these small cases would not reach on
-    their own (it starts at GROUPED_MIN_ROWS clients x batch size); tests/test_grouped.py checks it is used."""
+    """Every test twice: with the batched engine's convolutions as `vmap` runs them (`core.grouped` switched off),
+    and through `core.grouped` (one channels-last kernel for all clients) wherever a model has its layers, one client
+    included; tests/test_grouped.py checks where the engine uses it on its own."""
     if request.param == "grouped":
         monkeypatch.setattr(grouped, "GROUPED_MIN_ROWS", 0)
+        monkeypatch.setattr(grouped, "GROUPED_MIN_CLIENTS", 0)
+    else:
+        monkeypatch.setattr(grouped, "GROUPED_MIN_CLIENTS", 10 ** 9)
     return request.param
 
 

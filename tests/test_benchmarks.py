@@ -223,7 +223,7 @@ def test_bench_grouped_quick(tmp_path):
     for r in rows:
         for k in ("vmap_ms", "grouped_ms", "ratio"):
             assert math.isfinite(r[k]) and r[k] > 0, (r, k)
-        assert r["pays"] == (r["rows"] >= grouped.GROUPED_MIN_ROWS)
+        assert r["pays"] == (r["rows"] >= grouped.GROUPED_MIN_ROWS and r["clients"] >= grouped.GROUPED_MIN_CLIENTS)
         assert float(r["grouped_err"]) < 1e-5 and float(r["vmap_err"]) >= 0, r
     assert (tmp_path / "bench_grouped.csv").read_text().startswith("model,")
 

@@ -85,6 +85,28 @@ def test_local_train_same_seed_same_result_and_steps_cap():
     assert local_train(_tiny(), x, y, epochs=1, batch_size=8, lr=0.1, steps=3, seed=0).steps == 3
 
 
+def test_local_train_is_torch_sgd_bit_for_bit():
+    """`local_train`'s update (foreach SGD with momentum, weight decay and a bias exempt from it) leaves the same
+    bits as torch's per-tensor SGD loop, the CPU default, driven by hand over the same batches."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 4, generator=g), torch.randint(0, 3, (40,), generator=g)
+    a, b = _tiny(), _tiny()
+    local_train(a, x, y, epochs=3, batch_size=8, lr=0.1, momentum=0.9, weight_decay=0.01, bias_decay=False, seed=5)
+    decay = [p for n, p in b.named_parameters() if "bias" not in n]
+    opt = torch.optim.SGD([{"params": decay, "weight_decay": 0.01},
+                           {"params": [p for n, p in b.named_parameters() if "bias" in n], "weight_decay": 0.0}],
+                          lr=0.1, momentum=0.9, foreach=False)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        order = torch.randperm(40, generator=gen)
+        for s in range(0, 40, 8):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(b(x[order[s:s + 8]]), y[order[s:s + 8]]).backward()
+            opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a[0].weight, _tiny()[0].weight)
+
+
 def test_divergence_is_reported():
     x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
     with pytest.raises(Divergence, match="diverged"):

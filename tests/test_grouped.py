@@ -3,9 +3,10 @@
 Hand-checkable reference: the same per-client gradients `vmap(grad_and_value(loss))` gives through the plain
 layers, for every geometry the two layers take (stride, padding, dilation, groups, no bias, ceil mode), for
 weights stacked per client and weights shared by all clients (a frozen layer), and with the input's gradient asked
-for or not. The batched engine's results through it are checked against the per-client path in
-tests/test_batched.py (every test there runs with the grouped kernels forced); here, that the engine uses it exactly
-where `pays` says."""
+for or not; the twin differentiated as the batched engine does (ordinary autograd over `vmap`, where its layers
+step out of `vmap`) and under `torch.func.grad` (where they must not). The batched engine's results through it are
+checked against the per-client path in tests/test_batched.py (every test there runs with the grouped kernels forced
+and switched off); here, that the engine uses it exactly where `pays` says."""
 from __future__ import annotations
 
 import pytest
@@ -58,6 +59,17 @@ def _grads(net, P, x, y, frozen=(), input_grad=False):
     return vmap(grad_and_value(loss))(train, x, y)
 
 
+def _engine_grads(net, P, x, y, frozen=(), input_grad=False):
+    """The same, as `batched._Gradients` computes them: ordinary autograd over the `vmap`ped losses."""
+    train = {n: t.detach().requires_grad_(True) for n, t in P.items() if n not in frozen}
+    fz = {n: t for n, t in P.items() if n in frozen}
+    x = x.detach().requires_grad_(input_grad)
+    v = vmap(lambda tp, xb, yb: F.cross_entropy(functional_call(net, {**tp, **fz}, (xb,)), yb))(train, x, y)
+    g = torch.autograd.grad(v.sum(), [*train.values(), *([x] if input_grad else [])])
+    gp = dict(zip(train, g))
+    return ((gp, g[-1]) if input_grad else gp), v.detach()
+
+
 GEOMETRIES = {
     "plain": {},
     "stride 2, padding 1": {"conv": {"stride": 2, "padding": 1}},
@@ -79,14 +91,15 @@ def test_twin_gives_the_plain_layers_gradients_under_vmap(geometry, frozen):
     assert type(tw[0]) is grouped.GroupedConv2d and type(tw[2]) is grouped.GroupedMaxPool2d
     assert type(net[0]) is nn.Conv2d and type(net[2]) is nn.MaxPool2d      # the original is left as it was
     want_g, want_v = _grads(net, P, x, y, fz)
-    got_g, got_v = _grads(tw, P, x, y, fz)
-    torch.testing.assert_close(got_v, want_v, atol=1e-6, rtol=1e-6)
-    assert set(got_g) == set(want_g)
-    for n in want_g:
-        torch.testing.assert_close(got_g[n], want_g[n], atol=1e-6, rtol=1e-5, msg=lambda m: f"{n}: {m}")
+    for how in (_engine_grads, _grads):      # stepping out of vmap; and as the plain layers under torch.func.grad
+        got_g, got_v = how(tw, P, x, y, fz)
+        torch.testing.assert_close(got_v, want_v, atol=1e-6, rtol=1e-6)
+        assert set(got_g) == set(want_g)
+        for n in want_g:
+            torch.testing.assert_close(got_g[n], want_g[n], atol=1e-6, rtol=1e-5, msg=lambda m: f"{n}: {m}")
     # discrimination: another client's weights give other gradients
     other = {n: t.flip(0) if n not in fz else t for n, t in P.items()}
-    assert max(float((_grads(tw, other, x, y, fz)[0][n] - want_g[n]).abs().max()) for n in want_g) > 1e-3
+    assert max(float((_engine_grads(tw, other, x, y, fz)[0][n] - want_g[n]).abs().max()) for n in want_g) > 1e-3
 
 
 def test_the_input_gradient_when_asked():
@@ -95,7 +108,7 @@ def test_the_input_gradient_when_asked():
     y = torch.randint(0, 3, (C, B))
     P = _stacked_params(net, x)
     (want_p, want_x), _ = _grads(net, P, x, y, input_grad=True)
-    (got_p, got_x), _ = _grads(grouped.twin(net), P, x, y, input_grad=True)
+    (got_p, got_x), _ = _engine_grads(grouped.twin(net), P, x, y, input_grad=True)
     torch.testing.assert_close(got_x, want_x, atol=1e-6, rtol=1e-5)
     assert float(want_x.abs().max()) > 0
 
@@ -121,12 +134,14 @@ def test_only_plain_layers_are_converted():
     assert [type(m) for m in tw] == [nn.Conv2d, nn.Conv2d, nn.MaxPool2d, grouped.GroupedConv2d]
 
 
-def test_pays_on_cpu_convolutions_from_the_threshold():
+def test_pays_on_cpu_convolutions_from_the_thresholds():
     conv, mlp = cnn_cifar10(1, 10, 28), nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
     cpu = torch.zeros(1)
-    rows = grouped.GROUPED_MIN_ROWS
-    assert grouped.pays(conv, cpu, 8, rows // 8)
-    assert not grouped.pays(conv, cpu, 8, rows // 8 - 1)
+    rows, clients = grouped.GROUPED_MIN_ROWS, grouped.GROUPED_MIN_CLIENTS
+    assert clients >= 2                                                       # one client has nothing to group
+    assert grouped.pays(conv, cpu, clients, -(-rows // clients))
+    assert not grouped.pays(conv, cpu, clients, -(-rows // clients) - 1)
+    assert not grouped.pays(conv, cpu, clients - 1, 100)
     assert not grouped.pays(mlp, cpu, 100, 100)
     assert not grouped.pays(conv, torch.zeros(1, device="meta"), 100, 100)    # not the CPU: not measured there
     bn = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.LazyLinear(2))
@@ -134,16 +149,17 @@ def test_pays_on_cpu_convolutions_from_the_threshold():
 
 
 class _CountConv:
-    """Counts calls of the grouped convolution's vmap rule while installed."""
+    """Counts the convolutions run outside `vmap` (one grouped kernel for every client) while installed."""
 
     def __init__(self, monkeypatch):
         self.n = 0
-        rule = grouped.Conv.vmap
+        conv = grouped.F.conv2d
 
-        def counted(*a, **k):
+        def counted(x, w, *a, **k):
             self.n += 1
-            return rule(*a, **k)
-        monkeypatch.setattr(grouped.Conv, "vmap", staticmethod(counted))
+            return conv(x, w, *a, **k)
+        monkeypatch.setattr(grouped, "F", type("F", (), {"conv2d": staticmethod(counted),
+                                                         "max_pool2d": staticmethod(F.max_pool2d)}))
 
 
 @pytest.mark.parametrize("batch, used", [(16, True), (8, False)])
@@ -160,3 +176,19 @@ def test_the_engine_uses_it_where_it_pays(monkeypatch, batch, used):
     res = local_train_many(net, [start] * 16, x, y, index, epochs=1, batch_size=batch, lr=0.1, seeds=list(range(16)))
     assert (spy.n > 0) is used
     assert all(float((st["body.conv1.weight"] - start["body.conv1.weight"]).abs().max()) > 0 for st, _ in res)
+
+
+def test_it_steps_out_of_vmap_only_where_vmap_is_innermost(monkeypatch):
+    """Ordinary autograd over `vmap` (the engine): one grouped call per convolution; under `torch.func.grad` inside
+    `vmap` the layers run as the plain ones (the gradient transform must see them), and outside `vmap` too."""
+    net = _net()
+    x = torch.randn(C, B, 4, 13, 13, generator=torch.Generator().manual_seed(2))
+    y = torch.randint(0, 3, (C, B))
+    P = _stacked_params(net, x)
+    tw = grouped.twin(net)
+    spy = _CountConv(monkeypatch)
+    _engine_grads(tw, P, x, y)
+    assert spy.n == 2                     # the two convolutions, once each
+    _grads(tw, P, x, y)
+    tw(x[0])
+    assert spy.n == 2

@@ -2,7 +2,7 @@
 
 `local_train_many` is `training.local_train` for C clients of one architecture: their parameters,
 buffers and momentum are stacked along a leading client dimension and one step of all of them is
-one call of `vmap(grad_and_value(loss))` (`torch.func`), followed by one SGD update of the stacked
+one call of `vmap(loss)` (`torch.func`) differentiated by ordinary autograd, followed by one SGD update of the stacked
 tensors. Per client it does what `local_train` does, in the same order:
 
 - data order: the same `torch.Generator(seed).randperm` per epoch, the same batches (the last
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from torch.func import grad_and_value, vmap
+from torch.func import vmap
 
 from . import grouped
 from .context import Context, Plan, Then, train_one
@@ -320,16 +320,27 @@ class _Gradients:
         self.loc = sch.loc.to(self.dev) if S.ps_names else None
         self.drops = _Dropouts(module)
         ax_dims = {**S.aux_dims, **{nm: 0 for nm in S.ps_names}}
-        self.step = vmap(self._client_step, in_dims=(0, S.fz_dims, 0, ax_dims, 0, 0, 0), randomness="error")
+        self.step = vmap(self._client_loss, in_dims=(0, S.fz_dims, 0, ax_dims, 0, 0, 0), randomness="error")
         self.calls_for: dict[int, list] = {}
         self.gens = [torch.Generator().manual_seed(seeds[i]) for i in sch.order] if self.drops.layers else None
 
-    def _client_step(self, tp, fz, bufs, ax, xb, yb, masks):
-        def f(tp, bufs):
-            params = {nm: (tp[nm] if nm in tp else fz[nm]) for nm in self.names_p}
-            with self.drops.using(masks):
-                return self.loss(ModelView(self.module, params, bufs), xb, yb, ax)
-        return grad_and_value(f)(tp, bufs)
+    def _client_loss(self, tp, fz, bufs, ax, xb, yb, masks):
+        params = {nm: (tp[nm] if nm in tp else fz[nm]) for nm in self.names_p}
+        with self.drops.using(masks):
+            return self.loss(ModelView(self.module, params, bufs), xb, yb, ax)
+
+    def _step(self, tp, *args):
+        """Per-client loss values (`vmap`) and their gradients. Ordinary autograd over the `vmap`ped losses: the
+        gradient of their sum with respect to the stacked parameters is each client's own gradient (no tensor
+        that requires a gradient is shared by two clients), what `vmap(grad_and_value(loss))` computes, through
+        the same kernels, without `torch.func`'s per-operation bookkeeping of a gradient transform, and where
+        `grouped`'s layers may step out of `vmap` (docs/performance.md, "Out of vmap")."""
+        leaves = {nm: t.detach().requires_grad_(True) for nm, t in tp.items()}
+        with torch.enable_grad():
+            v = self.step(leaves, *args)
+            g = torch.autograd.grad(v.sum(), list(leaves.values()), allow_unused=True)
+        return ({nm: (gi if gi is not None else torch.zeros_like(leaves[nm])) for nm, gi in zip(leaves, g)},
+                v.detach())
 
     def _record_calls(self, b: int):
         """The dropout draws of one step at batch size b (a no-grad dry run of the first client)."""
@@ -363,7 +374,7 @@ class _Gradients:
             who = range(A) if pos is None else pos
             masks = draw_masks(self.calls_for[b], [self.gens[r] for r in who], dev)
         try:
-            g, v = self.step(tp, fz, bufs, ax, self.x[bidx], self.y[bidx], masks)
+            g, v = self._step(tp, fz, bufs, ax, self.x[bidx], self.y[bidx], masks)
         except RuntimeError as e:
             if "randomness" in str(e) and t == 0:
                 raise NotBatchable(f"the loss term draws random numbers the batched engine cannot "
@@ -646,7 +657,10 @@ def slower_batched(module: nn.Module, device: torch.device, batch_size: int = 0)
       FedAvg 0.98-1.01x and pFedSD 0.84-0.85x (its teacher pass batches too), so B = 16 stays batched. Earlier
       (NCHW batches, 2026-11-25): pFedSD's CIFAR CNN 0.64x per-client speed at B=64, 0.98x at B=10. Measured
       again with the batched steps through `grouped` (2026-11-28, `benchmarks/bench_engine_choice.py`): at B = 32
-      SCD 1.25x, Ditto 1.08x, FedAvg 1.12x (the rule holds); at B = 16 FedAvg 0.59x, pFedSD 0.57x."""
+      SCD 1.25x, Ditto 1.08x, FedAvg 1.12x (the rule holds); at B = 16 FedAvg 0.59x, pFedSD 0.57x. Again with
+      `grouped`'s layers out of `vmap` (fourteenth session, one repeat): at B = 32 SCD 1.03x, Ditto 0.86x, FedAvg
+      0.81x; at B = 16 FedAvg 0.54x, pFedSD 0.40x; FedRep at B = 10 0.74x. Batching now wins at B = 32 for two of
+      the three; the rule is kept until measured with repeats (docs/performance.md, "Out of vmap")."""
     if torch.device(device).type != "cpu":
         return False
     convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]

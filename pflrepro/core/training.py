@@ -204,7 +204,10 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
         p.requires_grad_(False)
     groups = [{"params": [p for n, p in named if n in g], "weight_decay": wd}
               for g, wd in decay_groups([n for n, _ in named], weight_decay, bias_decay)]
-    opt = torch.optim.SGD(groups if params else params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    # foreach: one call per update for all tensors; the same arithmetic, bit for bit, as the per-tensor loop
+    # torch picks on the CPU (tests/test_training.py; `fused` is faster still but rounds differently)
+    opt = torch.optim.SGD(groups if params else params, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                          foreach=True)
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout / stochastic layers: per-client, per-round stream
     net.train()
