@@ -34,7 +34,7 @@ from .base import Algorithm
 def kd_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, tau: float) -> torch.Tensor:
     """tau^2 * KL(softmax(t/tau) || softmax(s/tau)), averaged over the batch: `F.kl_div(log_p_s, p_t, reduction=
     "batchmean")` spelled out as ATen computes it (xlogy(p_t, p_t) - p_t * log_p_s, summed, over the batch size;
-    the same bits, tests/test_pfedsd.py), because `vmap` has no batching rule for `kl_div` and runs it client by
+    the same bits, tests/test_algorithms.py), because `vmap` has no batching rule for `kl_div` and runs it client by
     client."""
     p_t = F.softmax(teacher_logits / tau, dim=1)
     log_p_s = F.log_softmax(student_logits / tau, dim=1)

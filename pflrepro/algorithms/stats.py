@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.training import ce_loss
+from ..core.training import EVAL_ROWS, ce_loss
 
 
 @torch.no_grad()
-def features(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
+def features(net: nn.Module, x: torch.Tensor, batch: int = EVAL_ROWS) -> torch.Tensor:
     """f_theta(x) for a whole client dataset, in eval mode (no dropout)."""
     net.eval()
     return torch.cat([net.features(x[i:i + batch]) for i in range(0, len(x), batch)])

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from . import grouped
+from . import forked, grouped
 from .context import Context, Plan, Then, train_one
 from .seeds import derive_seed
 from .training import (
@@ -729,8 +729,24 @@ def train_plans(ctx: Context, rnd: int, plans: dict, on_trained) -> None:
             for k, (state, stats) in zip(chunk, outs):
                 on_trained(k, state, stats)
             del outs
-    for k in singles:                    # the per-client path, as Algorithm.client_update runs it
-        on_trained(k, *train_one(ctx, k, rnd, plans[k]))
+    _train_singles(ctx, rnd, singles, plans, on_trained)
+
+
+def _train_singles(ctx: Context, rnd: int, singles: list[int], plans: dict, on_trained) -> None:
+    """The per-client path, as Algorithm.client_update runs it: client by client, or, on a CPU run with more than
+    one thread, side by side in forked processes of one thread each (`forked`), `on_trained` still in order."""
+    procs = forked.client_procs(ctx.device, len(singles))
+    if procs == 1:
+        for k in singles:
+            on_trained(k, *train_one(ctx, k, rnd, plans[k]))
+        return
+
+    def one(k):     # a state this process trains is its module's own: cloned before the next client trains
+        state, stats = train_one(ctx, k, rnd, plans[k])
+        return {n: t.detach().clone() for n, t in state.items()}, stats
+    weights = [float(len(ctx.data.train[k])) for k in singles]
+    for k, (state, stats) in zip(singles, forked.fork_map(one, singles, weights, procs)):
+        on_trained(k, state, stats)
 
 
 def _train_chunk(ctx: Context, rnd: int, ks: list[int], plans: list[Plan]):

@@ -31,8 +31,8 @@ from torch import nn
 from torch._C import _functorch as _ft
 
 CL = torch.channels_last
-GROUPED_MIN_CLIENTS = 2  # one client has nothing to group (measured 0.91-1.04x: bench_grouped.py)
-GROUPED_MIN_ROWS = 10    # clients x batch size: the smallest step measured (2 x 5: 1.18-1.22x)
+GROUPED_MIN_CLIENTS = 2  # one client has nothing to group (measured 0.91-1.04x, rerun 0.93-1.03x: bench_grouped.py)
+GROUPED_MIN_ROWS = 10    # clients x batch size: the smallest step measured (2 x 5: 1.18-1.22x, rerun 1.13-1.23x)
 
 
 def _fold(x: torch.Tensor, dim, clients: int) -> torch.Tensor:

@@ -113,6 +113,14 @@ def cpu_layout(x: torch.Tensor, net: nn.Module | None = None) -> torch.Tensor:
     return x.to(memory_format=torch.channels_last)
 
 
+# Rows a forward pass without gradients reads at once (`outputs`, `predict`, `body_features`). Small enough that a
+# conv net's activations stay in the allocator's reused memory and the last-level cache: with 2,048 rows pFedSD's
+# FMNIST CNN wrote a 295 MB conv1 output per chunk into freshly mapped pages, and scored 14,000 images 2.6x slower
+# (docs/performance.md, "Clients side by side"). The logits are the same bits at 2,048, 128 and 64 rows for every
+# registered model on this CPU (tests/test_forked.py checks a few).
+EVAL_ROWS = 128
+
+
 def _chunks(x: torch.Tensor, batch: int, net: nn.Module):
     """Rows of x in chunks of `batch`, each in the layout `net` runs fastest (`cpu_layout`, decided once per call;
     chunk by chunk, so a large test set is never copied whole)."""
@@ -148,7 +156,7 @@ def head_only(net: nn.Module, trainable: Callable[[str], bool] | None, loss, per
 
 
 @torch.no_grad()
-def body_features(net: nn.Module, x: torch.Tensor, batch: int = 2048, state: dict | None = None) -> torch.Tensor:
+def body_features(net: nn.Module, x: torch.Tensor, batch: int = EVAL_ROWS, state: dict | None = None) -> torch.Tensor:
     """The body's features of every row of x (`state`: the body's parameters to use instead of its own)."""
     body = net.body
     run = body if state is None else (lambda v: torch.func.functional_call(body, state, (v,)))
@@ -250,7 +258,7 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
 
 
 @torch.no_grad()
-def outputs(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
+def outputs(net: nn.Module, x: torch.Tensor, batch: int = EVAL_ROWS) -> torch.Tensor:
     """The model's raw outputs (logits) for every row of x, in eval mode, batched; the module's modes restored
     after (soft decisions on a public set, server-side distillation targets, losses of candidate models)."""
     with train_mode(net, False):
@@ -258,7 +266,7 @@ def outputs(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
 
 
 @torch.no_grad()
-def predict(net: nn.Module, x: torch.Tensor, batch: int = 2048) -> torch.Tensor:
+def predict(net: nn.Module, x: torch.Tensor, batch: int = EVAL_ROWS) -> torch.Tensor:
     net.eval()
     return torch.cat([net(v).argmax(1) for v in _chunks(x, batch, net)]) if len(x) else \
         torch.empty(0, dtype=torch.long, device=x.device)

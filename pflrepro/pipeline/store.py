@@ -44,6 +44,7 @@ import torch
 
 from ..algorithms import ALGORITHMS
 from ..core.batched import MemoryBudgetError, NotBatchable
+from ..core import forked
 from ..core.context import Context
 from ..core.loop import run_rounds
 from ..federation.build import build_context, build_partition
@@ -582,6 +583,8 @@ def provenance(cfg: RunConfig, ctx: Context, wall: float, res, git: dict) -> dic
     return {
         "config_sha256": cfg.key(), "code_sha256": code_fingerprint(cfg.algorithm), "seed": cfg.seed, "dataset": cfg.dataset, "dataset_source": ctx.data.source,
         "device": str(ctx.device), "torch_threads": torch.get_num_threads(),
+        # a round's client-by-client training: at most this many forked processes of one thread (core/forked.py)
+        "client_procs": forked.client_procs(ctx.device, sys.maxsize),
         "git": git, "pflrepro": __version__, "python": platform.python_version(),
         "torch": torch.__version__, "numpy": numpy.__version__, "platform": platform.platform(),
         "wall_seconds": wall, "resumed_from_round": res.resumed_from,

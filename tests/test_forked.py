@@ -1,0 +1,119 @@
+"""Clients side by side (`pflrepro.core.forked`): the dealing rule by hand, `fork_map` against the plain loop (order,
+one thread a client, the global RNG left where the loop leaves it, a child's exception raised here), a run at two
+threads (clients forked) against the same run at one thread (no fork): the same bits. And the evaluation's chunk of
+rows (`training.EVAL_ROWS`): the same logits as 2,048 rows at a time."""
+import os
+
+import pytest
+import torch
+
+from pflrepro.core import forked
+from pflrepro.core.training import EVAL_ROWS, Divergence, outputs
+from pflrepro.data.models import build_model
+from tests.conftest import FMNIST_AVAILABLE, small_cfg
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_deal_by_hand():
+    # heaviest first, each to the lightest bin (ties: the lower bin): 5 -> b0; 4 -> b1; 3 (item 2) -> b1 (4 < 5);
+    # 3 (item 3) -> b0 (5 < 7); 1 -> b1 (7 < 8); bins in the items' order
+    assert forked.deal([5, 4, 3, 3, 1], 2) == [[0, 3], [1, 2, 4]]
+    assert forked.deal([1, 1], 3) == [[0], [1]]          # more bins than items: no empty bin
+    assert forked.deal([2, 2, 2], 1) == [[0, 1, 2]]
+
+
+def test_client_procs(monkeypatch, two_threads):
+    cpu = torch.device("cpu")
+    monkeypatch.delenv(forked.ENV, raising=False)
+    assert forked.client_procs(cpu, 10) == 2            # the run's threads
+    assert forked.client_procs(cpu, 1) == 1             # one client: nothing to share
+    assert forked.client_procs(torch.device("cuda"), 10) == 1
+    monkeypatch.setenv(forked.ENV, "1")
+    assert forked.client_procs(cpu, 10) == 1
+    torch.set_num_threads(1)
+    monkeypatch.delenv(forked.ENV)
+    assert forked.client_procs(cpu, 10) == 1            # a one-thread run (the repro's jobs) never forks
+
+
+def _work(i):
+    torch.manual_seed(100 + i)                          # as local_train seeds each client
+    return os.getpid(), torch.get_num_threads(), torch.randn(3) * i
+
+
+def test_fork_map_is_the_loop(two_threads):
+    items = list(range(5))
+    serial = [_work(i) for i in items]
+    after_serial = torch.rand(4)
+    torch.manual_seed(7)
+    out = forked.fork_map(_work, items, [1.0] * 5, 2)
+    after_forked = torch.rand(4)
+    assert [o[2].tolist() for o in out] == [s[2].tolist() for s in serial]
+    assert {o[1] for o in out} == {1}                   # one thread a client, wherever it ran
+    assert len({o[0] for o in out}) == 2 and out[-1][0] == os.getpid()   # the last item computed here
+    assert torch.equal(after_forked, after_serial)      # the global RNG where the loop leaves it
+    assert torch.get_num_threads() == 2                 # restored
+
+
+def _raises_in_child(i):
+    if i == 1:      # bins for 3 equal weights: [[0, 2], [1]]; this process computes the bin holding the last item
+        raise Divergence("client 1: loss is nan")
+    return i
+
+
+def test_child_exception_raised_here(two_threads):
+    assert forked.deal([1.0] * 3, 2) == [[0, 2], [1]]
+    with pytest.raises(Divergence, match="client 1: loss is nan"):
+        forked.fork_map(_raises_in_child, [0, 1, 2], [1.0] * 3, 2)
+
+    class Local(Exception):     # a class pickle cannot find: its traceback comes back as text
+        pass
+
+    def bad(i):
+        if i == 1:
+            raise Local("unpicklable")
+        return i
+    with pytest.raises(RuntimeError, match="Local: unpicklable"):
+        forked.fork_map(bad, [0, 1, 2], [1.0] * 3, 2)
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.skipif(not FMNIST_AVAILABLE, reason="Fashion-MNIST not installed")
+@pytest.mark.parametrize("algorithm", ["fedavg", "pfedsd"])
+def test_two_thread_run_forks_and_keeps_the_one_thread_bits(algorithm, store, monkeypatch):
+    """LeNet at B = 32 trains client by client under `engine: auto` (docs/performance.md): at two threads its clients
+    are forked, one thread each, and the run's metrics are the one-thread run's bits."""
+    import pflrepro
+    cfg = small_cfg(algorithm=algorithm, rounds=2, participation=0.5, model="cnn_fmnist")
+    one = pflrepro.run(cfg, progress=False)
+    calls = []
+    real = forked.fork_map
+    monkeypatch.setattr(forked, "fork_map", lambda *a: calls.append(a[3]) or real(*a))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        two = pflrepro.run(cfg, progress=False, force=True)
+    finally:
+        torch.set_num_threads(before)
+    assert calls == [2, 2]                              # every round's clients split over two processes
+    assert (one.provenance["client_procs"], two.provenance["client_procs"]) == (1, 2)
+    drop = ("seconds", "eval_seconds")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in two.history] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in one.history]
+    assert two.per_client == one.per_client
+
+
+@pytest.mark.parametrize("name,shape", [("cnn_fmnist", (1, 28)), ("resnet8", (3, 32)), ("mlp", (1, 28)),
+                                        ("cnn_bn", (3, 32))])
+def test_eval_rows_same_logits(name, shape):
+    torch.manual_seed(0)
+    net = build_model(name, shape[0], 10, shape[1])
+    x = torch.randn(300, shape[0], shape[1], shape[1])
+    assert EVAL_ROWS < 300
+    assert torch.equal(outputs(net, x, EVAL_ROWS), outputs(net, x, 2048))
