@@ -240,3 +240,19 @@ def test_bench_render_quick(tmp_path):
     assert [r["side"] for r in rows] == ["per_notebook", "render"] and all(r["notebooks"] == "2" for r in rows)
     assert all(float(r["wall_s"]) > 0 for r in rows) and float(rows[1]["ratio_per_notebook_over_render"]) > 0
     assert subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True, text=True).stdout == before
+
+
+def test_bench_forked_quick(tmp_path):
+    """The clients-side-by-side benchmark runs in-process at two threads: a train row (two forked clients, the same
+    bits as a one-thread loop) and a score row (the same logits at 2,048 and EVAL_ROWS rows), positive finite
+    timings; the caller's thread count given back."""
+    import torch
+    threads = torch.get_num_threads()
+    rows = _bench("bench_forked").main(["--quick", "--repeats", "1", "--threads", "2", "--out", str(tmp_path)])
+    assert torch.get_num_threads() == threads
+    assert [r["kind"] for r in rows] == ["train", "score"]
+    for r in rows:
+        assert r["same_bits"] is True, r
+        for k in ("before_s", "after_s", "ratio"):
+            assert math.isfinite(r[k]) and r[k] > 0, (r, k)
+    assert (tmp_path / "bench_forked.csv").read_text().startswith("kind,")

@@ -45,6 +45,7 @@ from torch import nn
 from torch.func import vmap
 
 from . import forked, grouped
+from .clock import model_forward_flops
 from .context import Context, Plan, Then, train_one
 from .seeds import derive_seed
 from .training import (
@@ -734,19 +735,34 @@ def train_plans(ctx: Context, rnd: int, plans: dict, on_trained) -> None:
 
 def _train_singles(ctx: Context, rnd: int, singles: list[int], plans: dict, on_trained) -> None:
     """The per-client path, as Algorithm.client_update runs it: client by client, or, on a CPU run with more than
-    one thread, side by side in forked processes of one thread each (`forked`), `on_trained` still in order."""
+    one thread and at least two such clients, at one thread a client (`forked`): side by side in forked processes
+    where the round's work pays a fork, here one after another otherwise; `on_trained` in order either way."""
     procs = forked.client_procs(ctx.device, len(singles))
     if procs == 1:
         for k in singles:
             on_trained(k, *train_one(ctx, k, rnd, plans[k]))
         return
+    work = [_work_seconds(ctx, k, plans[k]) for k in singles]
+    if not forked.pays(sum(work), procs):
+        with forked.one_thread():
+            for k in singles:
+                on_trained(k, *train_one(ctx, k, rnd, plans[k]))
+        return
 
     def one(k):     # a state this process trains is its module's own: cloned before the next client trains
         state, stats = train_one(ctx, k, rnd, plans[k])
         return {n: t.detach().clone() for n, t in state.items()}, stats
-    weights = [float(len(ctx.data.train[k])) for k in singles]
-    for k, (state, stats) in zip(singles, forked.fork_map(one, singles, weights, procs)):
+    for k, (state, stats) in zip(singles, forked.fork_map(one, singles, work, procs)):
         on_trained(k, state, stats)
+
+
+def _work_seconds(ctx: Context, k: int, plan: Plan) -> float:
+    """Client k's training under `plan` at one thread, estimated (`forked.work_seconds`)."""
+    n, B, spec = len(ctx.data.train[k]), ctx.cfg.batch_size, ctx.data.spec
+    epochs = ctx.cfg.local_epochs if plan.epochs is None else plan.epochs
+    steps = math.ceil(n / B) * epochs if plan.steps is None else plan.steps
+    flops = model_forward_flops(ctx.arch(k), spec.channels, spec.num_classes, spec.size)
+    return forked.work_seconds(steps, min(B, n), flops)
 
 
 def _train_chunk(ctx: Context, rnd: int, ks: list[int], plans: list[Plan]):

@@ -5,11 +5,12 @@ Why. On these CPUs a client's SGD steps scale poorly with intra-op threads (pFed
 from 1 to 2 threads), while two clients trained at once in two processes are independent work (docs/performance.md,
 "Clients side by side"). The pFedSD authors' code trains each participating client in a process of its own.
 
-How. `fork_map(fn, items, weights)` computes `[fn(i) for i in items]`: with P = the run's torch threads (at most the
-number of items), the items are dealt to P bins by weight (largest first, to the lightest bin); P - 1 bins are
+How. `fork_map(fn, items, weights, procs)` computes `[fn(i) for i in items]`: with P = the run's torch threads (at
+most the number of items), the items are dealt to P bins by weight (largest first, to the lightest bin); P - 1 bins are
 computed by forked children, the bin holding the last item by this process, each at ONE torch thread, and the
 children send their results back pickled through a pipe. The children are forked after the round's plans exist, so
-whatever `fn` closes over (loss terms, teachers) is inherited, never pickled.
+whatever `fn` closes over (loss terms, teachers) is inherited, never pickled. A round too small to pay a fork
+(`pays`, from `work_seconds`) trains its clients here, one after another, at one thread each: the same bits.
 
 Bits. Every client's training is seeded by (seed, round, client, purpose) (`seeds.derive_seed`), so which process
 trains it changes nothing, and one thread per client makes the result the same as a one-thread run trains it, for any
@@ -19,6 +20,7 @@ one-process loop leaves it. A child's exception is raised here (its own type whe
 one). Off on a GPU, off without `os.fork` (not Linux), and off with PFLREPRO_CLIENT_PROCS=1 (a number caps P)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -41,6 +43,36 @@ def client_procs(device: torch.device, n_items: int) -> int:
     if cap:
         procs = min(procs, max(1, int(cap)))
     return max(1, min(procs, n_items))
+
+
+# When a fork pays (measured on this 2-core VM, 2026-11-28; benchmarks/bench_forked.py): an empty `fork_map` of two
+# processes costs about 29 ms (fork, a child's exit, a process holding torch), so a round forks only where the time
+# it saves, half its one-thread work, is at least 4 times that. A round's one-thread work is estimated from its
+# steps: about 1 ms a small CNN's step beside its FLOPs (LeNet at B = 32: 1.9 ms a step) and 1e11 FLOP/s inside
+# big convolutions (pFedSD's FMNIST CNN at B = 64: 20 ms a step).
+FORK_SECONDS = 0.03
+STEP_SECONDS = 1e-3
+RATE = 1e11
+
+
+def work_seconds(steps: int, rows: int, forward_flops: float) -> float:
+    """One thread's time for `steps` SGD steps of `rows` images each (forward + backward: 3 forwards), estimated."""
+    return steps * (STEP_SECONDS + 3.0 * forward_flops * rows / RATE)
+
+
+def pays(seconds: float, procs: int) -> bool:
+    """Whether `seconds` of one-thread work over `procs` processes saves 4 forks' cost."""
+    return seconds * (1 - 1 / procs) >= 4 * FORK_SECONDS
+
+
+@contextlib.contextmanager
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def deal(weights: list[float], procs: int) -> list[list[int]]:
