@@ -251,6 +251,7 @@ def test_bench_forked_quick(tmp_path):
     rows = _bench("bench_forked").main(["--quick", "--repeats", "1", "--threads", "2", "--out", str(tmp_path)])
     assert torch.get_num_threads() == threads
     assert [r["kind"] for r in rows] == ["train", "score"]
+    assert rows[0]["forks"] is True                     # two FMNIST-CNN clients of 5 steps: ~0.3 s, a fork pays
     for r in rows:
         assert r["same_bits"] is True, r
         for k in ("before_s", "after_s", "ratio"):
