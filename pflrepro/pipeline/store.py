@@ -43,8 +43,8 @@ import numpy as np
 import torch
 
 from ..algorithms import ALGORITHMS
-from ..core.batched import MemoryBudgetError, NotBatchable
 from ..core import forked
+from ..core.batched import MemoryBudgetError, NotBatchable
 from ..core.context import Context
 from ..core.loop import run_rounds
 from ..federation.build import build_context, build_partition
