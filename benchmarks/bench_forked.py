@@ -55,14 +55,10 @@ def _train_round(name: str, init: dict, data: list, epochs: int, batch: int, pro
         net.load_state_dict(init)
         local_train(net, *data[k], epochs=epochs, batch_size=batch, lr=0.01, momentum=0.9, seed=1000 + k)
         return {n: t.detach().clone() for n, t in net.state_dict().items()}
-    ks = list(range(len(data)))
-    if procs == 1:
-        return [one(k) for k in ks]
+    states: list = []
     work = _work(name, data, epochs, batch)
-    if not forked.pays(sum(work), procs):
-        with forked.one_thread():
-            return [one(k) for k in ks]
-    return forked.fork_map(one, ks, work, procs)
+    forked.train_each(one, list(range(len(data))), work.__getitem__, procs, lambda k, s: states.append(s))
+    return states
 
 
 def _work(name: str, data: list, epochs: int, batch: int) -> list[float]:

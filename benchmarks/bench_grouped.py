@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from pflrepro.core import grouped
+from pflrepro.core.batched import losses_and_grads
 from pflrepro.data.models import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -42,9 +43,8 @@ def _step(net):
     losses = vmap(lambda p, xb, yb: F.cross_entropy(functional_call(net, p, (xb,)), yb))
 
     def step(params, x, y):
-        leaves = {n: t.detach().requires_grad_(True) for n, t in params.items()}
-        v = losses(leaves, x, y)
-        return dict(zip(leaves, torch.autograd.grad(v.sum(), list(leaves.values())))), v.detach()
+        g, _, v = losses_and_grads(losses, params, x, y)
+        return g, v
     return step
 
 

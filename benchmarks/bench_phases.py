@@ -41,6 +41,7 @@ T_START = time.perf_counter()
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+from _git import worktree as git_worktree  # noqa: E402
 
 # (label, params file, method, setting or None for the first, seed)
 SAMPLE = [
@@ -103,15 +104,6 @@ def child(sample: list, threads: int, quick: bool) -> None:
 
 
 # ---------------------------------------------------------------- parent: both sides, interleaved
-def _worktree(ref: str) -> Path:
-    sha = subprocess.run(["git", "rev-parse", ref], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-    path = Path(tempfile.gettempdir()) / f"pflrepro-bench-{sha[:10]}"
-    if not (path / "pflrepro").is_dir():
-        subprocess.run(["git", "worktree", "add", "--detach", "-f", str(path), sha], cwd=REPO, check=True,
-                       capture_output=True)
-    return path
-
-
 def _commit(path: Path) -> str:
     out = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=path, capture_output=True, text=True).stdout
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=path, capture_output=True,
@@ -158,7 +150,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown sample label(s) {', '.join(unknown)}; known: {', '.join(s[0] for s in SAMPLE)}")
     sample = [s for s in SAMPLE if s[0] in labels]
-    sides = ([("baseline", _worktree(a.baseline))] if a.baseline else []) + [("current", REPO)]
+    sides = ([("baseline", git_worktree(a.baseline)[0])] if a.baseline else []) + [("current", REPO)]
     best: dict = {}
     starts: dict = {}
     for rep in range(a.repeats):

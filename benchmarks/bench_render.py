@@ -29,6 +29,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+from _git import worktree as git_worktree  # noqa: E402
+
 PYTHON = os.path.abspath(sys.executable)   # absolute (a relative PATH entry leaves it relative), the venv kept
 QUICK = ["pfedsd_fig5", "perfed_ckt_fig2"]
 COLUMNS = ("side", "commit", "notebooks", "jobs", "wall_s", "per_notebook_s", "ratio_per_notebook_over_render")
@@ -55,17 +57,14 @@ def stage_order(names: list[str]) -> list[str]:
 
 def worktree() -> tuple[Path, str]:
     """A detached worktree of HEAD with data/ and results/runs linked from this checkout; (path, short commit)."""
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    path = Path(tempfile.mkdtemp(prefix="bench-render-")) / "tree"
-    subprocess.run(["git", "worktree", "add", "--detach", "-f", str(path), sha.strip()], cwd=REPO, check=True,
-                   capture_output=True)
+    path, sha = git_worktree("HEAD", Path(tempfile.mkdtemp(prefix="bench-render-")) / "tree")
     (path / "results").mkdir(exist_ok=True)
     (REPO / "results" / "runs").mkdir(parents=True, exist_ok=True)
     (path / "results" / "runs").symlink_to(REPO / "results" / "runs")
     (path / "data").mkdir(exist_ok=True)
     for f in (REPO / "data").glob("*.pt"):
         (path / "data" / f.name).symlink_to(f)
-    return path, sha.strip()[:10]
+    return path, sha[:10]
 
 
 def per_notebook(tree: Path, names: list[str], env: dict) -> float:

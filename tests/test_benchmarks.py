@@ -257,3 +257,20 @@ def test_bench_forked_quick(tmp_path):
         for k in ("before_s", "after_s", "ratio"):
             assert math.isfinite(r[k]) and r[k] > 0, (r, k)
     assert (tmp_path / "bench_forked.csv").read_text().startswith("kind,")
+
+
+def test_bench_floor_quick(tmp_path):
+    """The floor benchmark runs in-process: one 2-round DC-PFL run, its matmul and convolution kernels a positive part
+    of it (they cannot exceed the profiled run), `max_ratio` from the given baseline wall, and the dense layers'
+    products beside the matmul peak; a malformed --baseline-wall is refused."""
+    import pytest
+    bench = _bench("bench_floor")
+    rows, layers = bench.main(["--quick", "--repeats", "1", "--baseline-wall", "dcpfl=10", "--out", str(tmp_path)])
+    (r,) = rows
+    assert 0 < r["matmul_s"] and 0 < r["conv_s"] and r["floor_s"] <= r["profiled_s"], r
+    assert abs(r["max_ratio"] - 10 / r["floor_s"]) < 0.02 * r["max_ratio"]      # both rounded to 2 digits
+    assert [x["layer"].split(" ")[0] for x in layers] == ["cnn1.body.fc1", "cnn1.body.fc2"]
+    assert all(x["batch"] == 16 and 0 < x["forward_gflops"] and 0 < x["peak_gflops"] for x in layers)
+    assert (tmp_path / "bench_floor.csv").read_text().startswith("run,")
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--baseline-wall", "dcpfl", "--out", str(tmp_path)])

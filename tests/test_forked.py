@@ -42,6 +42,42 @@ def test_client_procs(monkeypatch, two_threads):
     assert forked.client_procs(cpu, 10) == 1            # a one-thread run (the repro's jobs) never forks
 
 
+def test_a_malformed_cap_is_refused_in_one_line_before_any_work(monkeypatch, store):
+    import pflrepro
+    from pflrepro.federation.config import RunConfig
+    from pflrepro.params import ConfigError
+    from pflrepro.pipeline.store import run_dir
+    monkeypatch.setenv(forked.ENV, "two")
+    with pytest.raises(ConfigError, match=r"^PFLREPRO_CLIENT_PROCS='two': not a whole number") as e:
+        forked.client_procs(torch.device("cpu"), 10)
+    assert "\n" not in str(e.value)
+    cfg = small_cfg(rounds=1)
+    with pytest.raises(ConfigError, match="PFLREPRO_CLIENT_PROCS"):
+        pflrepro.run(cfg, progress=False)
+    assert not run_dir(RunConfig.from_dict(cfg), store / "runs").exists()
+
+
+def _state(i):
+    _state.t.fill_(i)           # one tensor reused by every call, as a module's state is
+    return _state.t
+_state.t = torch.zeros(2)
+
+
+def test_train_each_keeps_every_result(two_threads):
+    """`keep` (the clone of a reused module's state) runs in every process: a child pickles its whole bin at the end,
+    so without it each of a child's results would be its last item's state. Below a fork's cost the items run here
+    at one thread, `done` right after each `fn`."""
+    got = {}
+    forked.train_each(_state, [0, 1, 2, 3], lambda i: 1.0, 2, lambda i, r: got.update({i: r.tolist()}),
+                      keep=torch.clone)
+    assert got == {i: [float(i)] * 2 for i in range(4)}
+    events = []
+    forked.train_each(lambda i: events.append(("fn", i, torch.get_num_threads())) or i, [0, 1], lambda i: 0.0, 2,
+                      lambda i, r: events.append(("done", i)))
+    assert events == [("fn", 0, 1), ("done", 0), ("fn", 1, 1), ("done", 1)]
+    assert torch.get_num_threads() == 2
+
+
 def _work(i):
     torch.manual_seed(100 + i)                          # as local_train seeds each client
     return os.getpid(), torch.get_num_threads(), torch.randn(3) * i

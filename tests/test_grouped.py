@@ -16,7 +16,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from pflrepro.core import grouped
-from pflrepro.core.batched import local_train_many
+from pflrepro.core.batched import local_train_many, losses_and_grads
 from pflrepro.data.models import cnn_cifar10
 
 C, B = 3, 5
@@ -61,13 +61,12 @@ def _grads(net, P, x, y, frozen=(), input_grad=False):
 
 def _engine_grads(net, P, x, y, frozen=(), input_grad=False):
     """The same, as `batched._Gradients` computes them: ordinary autograd over the `vmap`ped losses."""
-    train = {n: t.detach().requires_grad_(True) for n, t in P.items() if n not in frozen}
+    train = {n: t for n, t in P.items() if n not in frozen}
     fz = {n: t for n, t in P.items() if n in frozen}
     x = x.detach().requires_grad_(input_grad)
-    v = vmap(lambda tp, xb, yb: F.cross_entropy(functional_call(net, {**tp, **fz}, (xb,)), yb))(train, x, y)
-    g = torch.autograd.grad(v.sum(), [*train.values(), *([x] if input_grad else [])])
-    gp = dict(zip(train, g))
-    return ((gp, g[-1]) if input_grad else gp), v.detach()
+    losses = vmap(lambda tp, xb, yb: F.cross_entropy(functional_call(net, {**tp, **fz}, (xb,)), yb))
+    gp, gx, v = losses_and_grads(losses, train, x, y, extra=(x,) if input_grad else ())
+    return ((gp, gx[0]) if input_grad else gp), v
 
 
 GEOMETRIES = {

@@ -308,6 +308,21 @@ def _stack(starts, order, train_names, frozen_names, names_b, aux, per_sample, m
     return _Stack(P, FZ, fz_dims, BUF, MOM, AUX, aux_dims, PS, ps_names)
 
 
+def losses_and_grads(losses, params: dict, *args, extra: tuple = ()):
+    """The batched engine's differentiation: `v = losses(leaves, *args)`, one loss value a client (a `vmap`ped loss
+    over stacked parameters), then ordinary autograd of `v.sum()`. The gradient of the sum with respect to the stacked
+    parameters is each client's own gradient (no tensor that requires a gradient is shared by two clients): what
+    `vmap(grad_and_value(loss))` computes, through the same kernels, without `torch.func`'s per-operation bookkeeping
+    of a gradient transform, and where `grouped`'s layers may step out of `vmap` (docs/performance.md, "Out of vmap").
+    Returns (gradients by name, None where unused; the gradients of the `extra` tensors, which must require them;
+    the detached values)."""
+    leaves = {nm: t.detach().requires_grad_(True) for nm, t in params.items()}
+    with torch.enable_grad():
+        v = losses(leaves, *args)
+        g = torch.autograd.grad(v.sum(), [*leaves.values(), *extra], allow_unused=True)
+    return dict(zip(leaves, g[:len(leaves)])), g[len(leaves):], v.detach()
+
+
 class _Gradients:
     """One step of one client, `vmap`ped over the active clients: per-client gradients and loss values, with
     each client's dropout masks drawn from its own generator."""
@@ -331,17 +346,10 @@ class _Gradients:
             return self.loss(ModelView(self.module, params, bufs), xb, yb, ax)
 
     def _step(self, tp, *args):
-        """Per-client loss values (`vmap`) and their gradients. Ordinary autograd over the `vmap`ped losses: the
-        gradient of their sum with respect to the stacked parameters is each client's own gradient (no tensor
-        that requires a gradient is shared by two clients), what `vmap(grad_and_value(loss))` computes, through
-        the same kernels, without `torch.func`'s per-operation bookkeeping of a gradient transform, and where
-        `grouped`'s layers may step out of `vmap` (docs/performance.md, "Out of vmap")."""
-        leaves = {nm: t.detach().requires_grad_(True) for nm, t in tp.items()}
-        with torch.enable_grad():
-            v = self.step(leaves, *args)
-            g = torch.autograd.grad(v.sum(), list(leaves.values()), allow_unused=True)
-        return ({nm: (gi if gi is not None else torch.zeros_like(leaves[nm])) for nm, gi in zip(leaves, g)},
-                v.detach())
+        """Per-client loss values (`vmap`) and their gradients (`losses_and_grads`); a parameter the loss does not
+        reach gets a zero gradient."""
+        g, _, v = losses_and_grads(self.step, tp, *args)
+        return {nm: (gi if gi is not None else torch.zeros_like(tp[nm])) for nm, gi in g.items()}, v
 
     def _record_calls(self, b: int):
         """The dropout draws of one step at batch size b (a no-grad dry run of the first client)."""
@@ -735,25 +743,12 @@ def train_plans(ctx: Context, rnd: int, plans: dict, on_trained) -> None:
 
 def _train_singles(ctx: Context, rnd: int, singles: list[int], plans: dict, on_trained) -> None:
     """The per-client path, as Algorithm.client_update runs it: client by client, or, on a CPU run with more than
-    one thread and at least two such clients, at one thread a client (`forked`): side by side in forked processes
-    where the round's work pays a fork, here one after another otherwise; `on_trained` in order either way."""
-    procs = forked.client_procs(ctx.device, len(singles))
-    if procs == 1:
-        for k in singles:
-            on_trained(k, *train_one(ctx, k, rnd, plans[k]))
-        return
-    work = [_work_seconds(ctx, k, plans[k]) for k in singles]
-    if not forked.pays(sum(work), procs):
-        with forked.one_thread():
-            for k in singles:
-                on_trained(k, *train_one(ctx, k, rnd, plans[k]))
-        return
-
-    def one(k):     # a state this process trains is its module's own: cloned before the next client trains
-        state, stats = train_one(ctx, k, rnd, plans[k])
-        return {n: t.detach().clone() for n, t in state.items()}, stats
-    for k, (state, stats) in zip(singles, forked.fork_map(one, singles, work, procs)):
-        on_trained(k, state, stats)
+    one thread and at least two such clients, at one thread a client (`forked.train_each`): side by side in forked
+    processes where the round's work pays a fork, here one after another otherwise; `on_trained` in order either way.
+    A state trained in this process is its module's own: cloned when it must outlive the next client's training."""
+    forked.train_each(lambda k: train_one(ctx, k, rnd, plans[k]), singles, lambda k: _work_seconds(ctx, k, plans[k]),
+                      forked.client_procs(ctx.device, len(singles)), lambda k, r: on_trained(k, *r),
+                      keep=lambda r: ({n: t.detach().clone() for n, t in r[0].items()}, r[1]))
 
 
 def _work_seconds(ctx: Context, k: int, plan: Plan) -> float:

@@ -30,18 +30,31 @@ import warnings
 
 import torch
 
+from ..params import ConfigError
+
 ENV = "PFLREPRO_CLIENT_PROCS"
+
+
+def env_cap() -> int | None:
+    """$PFLREPRO_CLIENT_PROCS as a number (None when unset); anything else is refused in one line (store.run checks
+    it before a run's folder is made)."""
+    cap = os.environ.get(ENV, "").strip()
+    if not cap:
+        return None
+    try:
+        return max(1, int(cap))
+    except ValueError:
+        raise ConfigError(f"{ENV}={cap!r}: not a whole number of processes (1 turns forking off; "
+                          "unset: the run's torch threads)") from None
 
 
 def client_procs(device: torch.device, n_items: int) -> int:
     """How many processes train `n_items` clients: the torch threads (capped by $PFLREPRO_CLIENT_PROCS), 1 on a GPU,
     without `fork`, or for a single client."""
+    cap = env_cap()
     if device.type != "cpu" or not sys.platform.startswith("linux") or n_items < 2:
         return 1
-    procs = torch.get_num_threads()
-    cap = os.environ.get(ENV, "").strip()
-    if cap:
-        procs = min(procs, max(1, int(cap)))
+    procs = torch.get_num_threads() if cap is None else min(torch.get_num_threads(), cap)
     return max(1, min(procs, n_items))
 
 
@@ -131,11 +144,30 @@ def _fork(fn, items: list, idx: list[int]) -> tuple[int, int]:
     return pid, r
 
 
-def fork_map(fn, items: list, weights: list[float], procs: int) -> list:
-    """`[fn(i) for i in items]`, over `procs` processes (module doc). `fn`'s results must pickle; those computed here
-    are returned as `fn` returned them."""
+def train_each(fn, items: list, work, procs: int, done, keep=None) -> None:
+    """`done(i, fn(i))` for each item, in order: a round's clients trained one by one. With `procs` = 1, here at the
+    caller's threads (a one-thread run: exactly the plain loop); else where the round's estimated one-thread work
+    (`work(i)`, seconds) does not pay a fork (`pays`), here at one thread, `done` right after each `fn`; else over
+    `procs` processes (`fork_map`), `done` once all are back. `keep(result)` must make a result outlive the next
+    `fn` call (a clone of a reused module's state) where results are held: over processes, in every process (a child
+    pickles its bin's results after computing them all)."""
+    if procs > 1:
+        weights = [work(i) for i in items]
+        if pays(sum(weights), procs):
+            for i, r in zip(items, fork_map(fn, items, weights, procs, keep)):
+                done(i, r)
+            return
+    with one_thread() if procs > 1 else contextlib.nullcontext():
+        for i in items:
+            done(i, fn(i))
+
+
+def fork_map(fn, items: list, weights: list[float], procs: int, keep=None) -> list:
+    """`[keep(fn(i)) for i in items]` (`keep` default: the result as `fn` returned it), over `procs` processes (module
+    doc). The results must pickle."""
+    keep = keep or (lambda r: r)
     if procs <= 1 or len(items) < 2:
-        return [fn(i) for i in items]
+        return [keep(fn(i)) for i in items]
     bins = deal(weights, procs)
     last = len(items) - 1
     mine = next(b for b in bins if last in b)
@@ -145,11 +177,10 @@ def fork_map(fn, items: list, weights: list[float], procs: int) -> list:
     try:
         for b in bins:
             if b is not mine:
-                children.append(_fork(fn, items, b))
+                children.append(_fork(lambda i: keep(fn(i)), items, b))
         torch.set_num_threads(1)
         for i in mine:
-            out[i] = fn(items[i])
-        torch.set_num_threads(before)
+            out[i] = keep(fn(items[i]))
         while children:
             pid, r = children.pop(0)
             try:

@@ -60,6 +60,8 @@ def plan(names: list[str], root: Path = REPO_ROOT) -> tuple[dict[str, set[str]],
 
 
 def default_jobs() -> int:
+    """The cores this process may use: `parallel.cpu_cores`'s rule, repeated here because a render stage must not
+    import torch, which `parallel` does (tests/test_render.py, `test_a_verb_builds_only_its_own_parser`)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 

@@ -403,6 +403,7 @@ def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult
     for name in {cfg.dataset, cfg.public.get("dataset")} - {None, ""}:
         datacache.check(name)     # a tensor cache that differs from its checked source is rebuilt first
     try:
+        forked.env_cap()          # a malformed $PFLREPRO_CLIENT_PROCS: refused in one line, before any work
         start, ctx, algo = _prepare(cfg, path, force)
         gpu.fit(ctx, algo, start)
     except ConfigError:
