@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     wall, pm = timed(cfg, engine)
                     if engine not in best or wall < best[engine][0]:
                         best[engine] = (wall, pm)
-            picks = slower_batched(build_model(cfg["model"], 1, 10, 28), torch.device("cpu"), cfg["batch_size"])
+            picks = slower_batched(build_model(cfg["model"], 1, 10, 28), torch.device("cpu"), cfg["batch_size"],
+                                   round(cfg["n_clients"] * cfg["participation"]))
             rows.append({"run": label, "model": cfg["model"], "batch": cfg["batch_size"],
                          "clients_per_round": round(cfg["n_clients"] * cfg["participation"]),
                          "batched_s": round(best["batched"][0], 2), "per_client_s": round(best["per_client"][0], 2),

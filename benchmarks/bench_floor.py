@@ -1,7 +1,7 @@
 """What a sample run cannot get below at unchanged arithmetic: the time of its matrix-multiply and convolution kernels,
 and how close those kernels run to this core's matmul peak.
 
-For each run (one seed-0 mini run, as `bench_phases` samples them), at one torch thread (a `dvc repro` worker's), each
+For each run of `bench_phases`'s sample (one seed-0 mini run of each paper's most expensive stage), at one torch thread (a `dvc repro` worker's), each
 into a fresh run store:
 - `wall_s`: the whole run, unprofiled (fastest of R);
 - under `torch.profiler`, the self CPU seconds of the kernels that do the arithmetic: `matmul_s` (aten::mm, addmm,
@@ -14,7 +14,8 @@ Then the dense layers' three products (forward, input gradient, weight gradient)
 layers at their batch size, in GFLOP/s beside a 512^3 matmul (this core's practical peak): how far the largest part
 of the floor is from the hardware's.
 
-    python benchmarks/bench_floor.py --sample dcpfl --baseline-wall dcpfl=11.351
+    python benchmarks/bench_floor.py --baseline-wall pfedsd=20.726,dcpfl=11.351    # every run of the sample
+    python benchmarks/bench_floor.py --sample dcpfl,scd
     python benchmarks/bench_floor.py --quick        # dcpfl, 2 rounds (tests/test_benchmarks.py)
 """
 from __future__ import annotations
@@ -33,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import parser, torch_threads  # noqa: E402
 from _table import write_table  # noqa: E402
 from bench_bounds import best_of  # noqa: E402
-from bench_engine_choice import config  # noqa: E402
+from bench_phases import SAMPLE as PHASES_SAMPLE  # noqa: E402
+from bench_phases import sample_config  # noqa: E402
 
-# (label, params file, method): bench_phases's two runs that gain least
-SAMPLE = {"dcpfl": ("dcpfl_table1", "dcpfl"), "scd": ("scd_table1", "scd")}
+SAMPLE = {s[0]: s[1:] for s in PHASES_SAMPLE}   # label -> (params file, method, setting, seed)
 KERNELS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm"),
            "conv": ("aten::mkldnn_convolution", "aten::convolution_backward", "aten::_convolution",
                     "aten::_slow_conv2d_forward", "aten::_slow_conv2d_backward"),
@@ -46,7 +47,7 @@ COLUMNS = ("run", "wall_s", "profiled_s", "matmul_s", "conv_s", "fft_s", "floor_
 LAYER_COLUMNS = ("layer", "batch", "forward_gflops", "input_grad_gflops", "weight_grad_gflops", "peak_gflops")
 
 
-def _run(cfg: dict, prof: bool) -> tuple[float, dict]:
+def _run(cfg, prof: bool) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as root:
         t = time.perf_counter()
         if not prof:
@@ -60,7 +61,7 @@ def _run(cfg: dict, prof: bool) -> tuple[float, dict]:
 
 
 def run_row(label: str, quick: bool, repeats: int, baseline: float | None) -> dict:
-    cfg = config(*SAMPLE[label], quick)
+    cfg = sample_config(*SAMPLE[label], quick)[1]
     wall = min(_run(cfg, False)[0] for _ in range(repeats))
     profiled, k = _run(cfg, True)
     floor = k["matmul"] + k["conv"]
@@ -70,11 +71,11 @@ def run_row(label: str, quick: bool, repeats: int, baseline: float | None) -> di
             "max_ratio": round(baseline / floor, 2) if baseline else ""}
 
 
-def layer_rows(cfg: dict, repeats: int) -> list[dict]:
-    """The products of every Linear layer of the run's model at the run's batch size, against a 512^3 matmul."""
+def layer_rows(cfg, repeats: int) -> list[dict]:
+    """The products of every large Linear layer of the run's model at the run's batch size, against a 512^3 matmul."""
     from pflrepro.data.models import build_model
-    net = build_model(cfg["model"], 1, 10, 28)
-    B = cfg["batch_size"]
+    net = build_model(cfg.model, 1, 10, 28)
+    B = cfg.batch_size
     a, c = torch.randn(512, 512), torch.randn(512, 512)
     peak = 2 * 512 ** 3 / best_of(lambda: a.mm(c), repeats, 20) / 1e9
     rows = []
@@ -84,7 +85,7 @@ def layer_rows(cfg: dict, repeats: int) -> list[dict]:
         x, gy = torch.randn(B, m.in_features), torch.randn(B, m.out_features)
         W, b = m.weight.detach(), m.bias.detach()
         flop = 2 * B * m.in_features * m.out_features / 1e9
-        rows.append({"layer": f"{cfg['model']}.{name} ({m.in_features}->{m.out_features})", "batch": B,
+        rows.append({"layer": f"{cfg.model}.{name} ({m.in_features}->{m.out_features})", "batch": B,
                      **{col: round(flop / best_of(fn, repeats, 50), 1) for col, fn in (
                          ("forward_gflops", lambda: torch.addmm(b, x, W.t())),
                          ("input_grad_gflops", lambda: gy.mm(W)),
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> tuple[list[dict], list[dict]]:
         ap.error(f"--baseline-wall {a.baseline_wall!r}: expected label=seconds,...")
     with torch_threads(a.threads):
         rows = [run_row(lb, a.quick, a.repeats, base.get(lb)) for lb in labels]
-        layers = [r for lb in labels for r in layer_rows(config(*SAMPLE[lb], a.quick), 1 if a.quick else 5)]
+        layers = [r for lb in labels for r in layer_rows(sample_config(*SAMPLE[lb], a.quick)[1], 1 if a.quick else 5)]
     out = Path(a.out)
     write_table(out, "bench_floor", list(COLUMNS), rows,
                 f"torch {torch.__version__}, {a.threads} thread(s); wall fastest of {a.repeats}, kernels from one "

@@ -68,13 +68,24 @@ def _timer(acc: dict, key: str, fn):
     return wrapped
 
 
+def sample_config(params: str, method: str | None, setting: str | None, seed: int, quick: bool):
+    """(grid key, RunConfig) of a SAMPLE entry: the first run of its table's mini grid with that method (None: any),
+    setting (None: any) and seed; 2 rounds when `quick`."""
+    from pflrepro.pipeline import experiments
+    configs = experiments.grid(experiments.load_profile(params))
+    key = next(k for k in configs if (method is None or k[0] == method) and (setting is None or k[1] == setting)
+               and k[2] == seed)
+    cfg = configs[key]
+    return key, (type(cfg).from_dict({**cfg.to_dict(), "rounds": 2}) if quick else cfg)
+
+
 def child(sample: list, threads: int, quick: bool) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     import torch
 
     import pflrepro  # noqa: F401
     from pflrepro.core import loop
-    from pflrepro.pipeline import experiments, store
+    from pflrepro.pipeline import store
     t_import = time.perf_counter() - T_START
     torch.set_num_threads(threads)
     acc: dict = {}
@@ -86,19 +97,14 @@ def child(sample: list, threads: int, quick: bool) -> None:
     torch.save = _timer(acc, "ckpt", torch.save)
     print(json.dumps({"start": t_import}), flush=True)
     for label, params, method, setting, seed in sample:
-        configs = experiments.grid(experiments.load_profile(params))
-        keys = [k for k in configs if (method is None or k[0] == method) and (setting is None or k[1] == setting)
-                and k[2] == seed]
-        cfg = configs[keys[0]]
-        if quick:
-            cfg = type(cfg).from_dict({**cfg.to_dict(), "rounds": 2})
+        key, cfg = sample_config(params, method, setting, seed, quick)
         acc.clear()
         with tempfile.TemporaryDirectory(prefix="bench-phases-") as root:
             t = time.perf_counter()
             res = store.run(cfg, root=root, progress=False)
             wall = time.perf_counter() - t
         prov = res.provenance
-        print(json.dumps({"run": label, "key": list(keys[0]), "wall": wall, **acc,
+        print(json.dumps({"run": label, "key": list(key), "wall": wall, **acc,
                           "train_flops": prov.get("train_flops_estimate"),
                           "final_pm": res.summary["pm_acc_mean"]["final"]}), flush=True)
 

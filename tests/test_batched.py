@@ -467,15 +467,24 @@ def test_batched_round_equals_per_client(monkeypatch, algorithm, hparams, extra,
 # ---------------------------------------------------------------- 6. engine selection
 def test_auto_trains_grouped_convolutions_per_client_on_cpu(monkeypatch):
     """On a CPU, engine='auto' leaves architectures with grouped (depthwise) convolutions to the
-    per-client path, which is faster there; 'batched' still batches them; other models batch."""
+    per-client path, which is faster there; 'batched' still batches them; other models batch, below the rules'
+    batch size, client count and parameter bounds (`batched.slower_batched`)."""
     assert batched.slower_batched(nn.Sequential(nn.Conv2d(4, 4, 3, groups=4)), torch.device("cpu"))
     assert not batched.slower_batched(nn.Sequential(nn.Conv2d(4, 4, 3, groups=4)), torch.device("cuda"))
     assert not batched.slower_batched(_conv(0), torch.device("cpu"))
-    # any convolution at B >= 32 on a CPU trains per client (measured 0.70-0.89x batched there); MLPs always batch
-    assert not batched.slower_batched(_conv(0), torch.device("cpu"), batch_size=31)
-    assert batched.slower_batched(_conv(0), torch.device("cpu"), batch_size=32)
+    # a convolution at B >= 32 on a CPU batches only through `grouped` and with BATCHED_CONV_MIN_CLIENTS clients
+    cpu, many = torch.device("cpu"), batched.BATCHED_CONV_MIN_CLIENTS
+    assert not batched.slower_batched(_conv(0), cpu, batch_size=31, clients=2)
+    assert batched.slower_batched(_conv(0), cpu, batch_size=32, clients=many - 1)
+    assert not batched.slower_batched(_conv(0), cpu, batch_size=32, clients=many)
+    assert batched.slower_batched(_conv(0, bn=True), cpu, batch_size=32, clients=many)     # BatchNorm: no `grouped`
+    assert not batched.slower_batched(_conv(0, bn=True), cpu, batch_size=31, clients=2)
     assert not batched.slower_batched(_conv(0), torch.device("cuda"), batch_size=64)
-    assert not batched.slower_batched(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)), torch.device("cpu"), batch_size=512)
+    # MLPs batch at any batch size, up to BATCHED_MAX_PARAMS parameters (then their stacked state leaves the caches)
+    assert not batched.slower_batched(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)), cpu, batch_size=512)
+    big = nn.Linear(1000, batched.BATCHED_MAX_PARAMS // 1000)      # one bias over the bound
+    assert batched.slower_batched(big, cpu, batch_size=16, clients=many)
+    assert not batched.slower_batched(big, torch.device("cuda"), batch_size=16, clients=many)
     spy = _Spy(monkeypatch)
     cfg = _round_cfg("fedavg", "auto", model="mobilenetv2", n_clients=2, rounds=1, subsample=0.04,
                      partition_params={"alpha": 1.0, "min_size": 8})

@@ -649,31 +649,43 @@ def group_key(ctx: Context, k: int, plan: Plan):
         return None
 
 
-BATCHED_CONV_MAX_BATCH = 32   # on a CPU, convolutional models at batches this large train faster client by client
+BATCHED_CONV_MAX_BATCH = 32   # from this batch size on a CPU, a convolutional model batches only through `grouped`,
+BATCHED_CONV_MIN_CLIENTS = 10  # and with at least this many clients training together (measured: 6 lose, 10 win)
+BATCHED_MAX_PARAMS = 200_000  # above it, the clients' stacked weights, gradients and momentum leave the CPU's caches
 
 
-def slower_batched(module: nn.Module, device: torch.device, batch_size: int = 0) -> bool:
-    """engine='auto' trains this architecture per client. Measured on CPUs only (no GPU has been lent to this
-    project), so a GPU always batches:
+def slower_batched(module: nn.Module, device: torch.device, batch_size: int = 0, clients: int = 0) -> bool:
+    """engine='auto' trains this architecture per client (at this batch size, `clients` training together). Measured
+    on CPUs only (one thread, whole mini runs, `benchmarks/bench_engine_choice.py`; no GPU has been lent for it), so a
+    GPU always batches:
     - a grouped convolution (MobileNetV2's depthwise layers): `vmap` over stacked client weights makes one
       convolution with clients x groups groups, which oneDNN runs slower than a loop over the clients (pFedSD
       Table 8 mini, MobileNetV2, 6 clients: 20.4 s batched vs 14.6 s per client, 2026-11-23);
-    - any convolution at batch size >= BATCHED_CONV_MAX_BATCH: the grouped layouts' convolution backward and
-      pooling cost more than the per-step overhead batching removes, and since the per-client path feeds its
-      batches channels-last (`training.cpu_layout`), which `vmap` cannot, that holds from B = 32. Measured
-      2026-11-28 (whole mini runs, one thread, per-client speed over batched): at B = 32 SCD 1.43x, Ditto 1.27x,
-      FedAvg 1.29x, FedRep 1.29x, FedGen 1.26x, FedRoD 1.17x, FedBABU 1.12x (20 clients a round); at B = 16
-      FedAvg 0.98-1.01x and pFedSD 0.84-0.85x (its teacher pass batches too), so B = 16 stays batched. Earlier
-      (NCHW batches, 2026-11-25): pFedSD's CIFAR CNN 0.64x per-client speed at B=64, 0.98x at B=10. Measured
-      again with the batched steps through `grouped` (2026-11-28, `benchmarks/bench_engine_choice.py`): at B = 32
-      SCD 1.25x, Ditto 1.08x, FedAvg 1.12x (the rule holds); at B = 16 FedAvg 0.59x, pFedSD 0.57x. Again with
-      `grouped`'s layers out of `vmap` (fourteenth session, one repeat): at B = 32 SCD 1.03x, Ditto 0.86x, FedAvg
-      0.81x; at B = 16 FedAvg 0.54x, pFedSD 0.40x; FedRep at B = 10 0.74x. Batching now wins at B = 32 for two of
-      the three; the rule is kept until measured with repeats (docs/performance.md, "Out of vmap")."""
+    - more than BATCHED_MAX_PARAMS parameters: DC-PFL's cnn1 (2.0 M parameters, B = 16, 10 clients) trained
+      2.37-2.44x faster client by client (FedAvg, Local, LG-FedAvg), FedBSD Table 1's MLP (0.54 M, B = 10, 8 clients)
+      3.24x (FedRep; sixteenth session): ten clients' weights, gradients and momentum are 245 MB a step for cnn1,
+      against 25 MB for one client, which stays in this CPU's 32 MB L3. The LeNet-size CNNs (44-78 k) batch faster;
+      between 78 k and 536 k nothing was measured, and pFedSD's FMNIST CNN (244 k, the paper row's model) keeps the
+      per-client path its comparison with the authors' code measured;
+    - a convolution at batch size >= BATCHED_CONV_MAX_BATCH, unless `grouped` runs every layer (`grouped.covers`) and
+      at least BATCHED_CONV_MIN_CLIENTS clients train together. Until the fourteenth session this held for every
+      such model (the per-client path feeds its batches channels-last, `training.cpu_layout`, which `vmap` cannot);
+      with `grouped`'s layers out of `vmap` the batched engine wins there with 20 clients (sixteenth session, per-
+      client speed over batched, fastest of 2: SCD 0.92, Ditto 0.79, FedAvg 0.88, FedProx 0.84, FedAvgM 0.87,
+      FedBABU 0.91, FedDyn 0.79, FedRep 0.82, FedGen 0.84 on SCD's LeNet at B = 32; FedAvg with 10 clients 0.89)
+      and loses with 6 (SCD's FedAvg 1.06; PerFed-CKT's CNN: FedAvg 1.09, Ditto 1.23, Local 1.20) and without
+      `grouped` (FedBSD Fig. 3's BN CNN, 5 clients: FedAvg 1.30, FedBSD 1.35). Not captured: PerFed-CKT's CNN with 20
+      clients of 4-94 images (E = 5) trained 1.11x faster client by client; its mini runs train 6 a round. Below
+      B = 32 the batched engine wins (B = 16: FedAvg 0.61x, pFedSD 0.57x; docs/performance.md, "The engine rule,
+      remeasured")."""
     if torch.device(device).type != "cpu":
         return False
     convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]
-    return any(m.groups > 1 for m in convs) or (bool(convs) and batch_size >= BATCHED_CONV_MAX_BATCH)
+    if any(m.groups > 1 for m in convs) or sum(p.numel() for p in module.parameters()) > BATCHED_MAX_PARAMS:
+        return True
+    if convs and batch_size >= BATCHED_CONV_MAX_BATCH:
+        return not (grouped.covers(module) and clients >= BATCHED_CONV_MIN_CLIENTS)
+    return False
 
 
 def batched_round(ctx: Context, algo, rnd: int, selected: list[int], server: dict, clients: dict) -> list:
@@ -716,7 +728,8 @@ def train_plans(ctx: Context, rnd: int, plans: dict, on_trained) -> None:
         else:
             groups.setdefault(key, []).append(k)
     for ks in groups.values():
-        if cfg.engine == "auto" and (len(ks) == 1 or slower_batched(ctx.model(ks[0]), ctx.device, cfg.batch_size)):
+        if cfg.engine == "auto" and (len(ks) == 1 or slower_batched(ctx.model(ks[0]), ctx.device, cfg.batch_size,
+                                                                             len(ks))):
             singles += ks
             continue
         need = _need(ctx, ks[0], plans[ks[0]])

@@ -133,11 +133,15 @@ def twin(module: nn.Module) -> nn.Module:
 MEASURED_LAYERS = (nn.Conv2d, nn.MaxPool2d, nn.ReLU, nn.Flatten, nn.Linear, nn.Dropout, nn.Dropout2d, nn.Identity)
 
 
+def covers(module: nn.Module) -> bool:
+    """Whether `twin(module)` runs `module`'s convolutions through this module: a model with a plain convolution,
+    made of the measured layers only."""
+    leaves = [m for m in module.modules() if not list(m.children())]
+    return any(_convertible(m) is GroupedConv2d for m in leaves) and all(type(m) in MEASURED_LAYERS for m in leaves)
+
+
 def pays(module: nn.Module, x: torch.Tensor, clients: int, batch: int) -> bool:
     """Whether the batched engine should train `clients` clients at batch size `batch` through `twin(module)`: on the
-    CPU, from GROUPED_MIN_CLIENTS clients and GROUPED_MIN_ROWS rows a step, for a model with a plain convolution made
-    of the measured layers only."""
-    leaves = [m for m in module.modules() if not list(m.children())]
+    CPU, from GROUPED_MIN_CLIENTS clients and GROUPED_MIN_ROWS rows a step, for a model it `covers`."""
     return (x.device.type == "cpu" and clients >= GROUPED_MIN_CLIENTS and clients * batch >= GROUPED_MIN_ROWS
-            and any(_convertible(m) is GroupedConv2d for m in leaves)
-            and all(type(m) in MEASURED_LAYERS for m in leaves))
+            and covers(module))
