@@ -1,8 +1,8 @@
 """What a sample run cannot get below at unchanged arithmetic: the time of its matrix-multiply and convolution kernels,
 and how close those kernels run to this core's matmul peak.
 
-For each run of `bench_phases`'s sample (one seed-0 mini run of each paper's most expensive stage), at one torch thread (a `dvc repro` worker's), each
-into a fresh run store:
+For each run of `--sample` (of `bench_phases`'s: one seed-0 mini run of each paper's most expensive stage), at one
+torch thread (a `dvc repro` worker's), each into a fresh run store:
 - `wall_s`: the whole run, unprofiled (fastest of R);
 - under `torch.profiler`, the self CPU seconds of the kernels that do the arithmetic: `matmul_s` (aten::mm, addmm,
   bmm), `conv_s` (convolution forward and backward), `fft_s` (torch.fft), and `floor_s` = matmul + conv: what the run
@@ -14,8 +14,7 @@ Then the dense layers' three products (forward, input gradient, weight gradient)
 layers at their batch size, in GFLOP/s beside a 512^3 matmul (this core's practical peak): how far the largest part
 of the floor is from the hardware's.
 
-    python benchmarks/bench_floor.py --baseline-wall pfedsd=20.726,dcpfl=11.351    # every run of the sample
-    python benchmarks/bench_floor.py --sample dcpfl,scd
+    python benchmarks/bench_floor.py --baseline-wall dcpfl=11.833,scd=17.083     # DC-PFL and SCD (the default)
     python benchmarks/bench_floor.py --quick        # dcpfl, 2 rounds (tests/test_benchmarks.py)
 """
 from __future__ import annotations
@@ -96,7 +95,9 @@ def layer_rows(cfg, repeats: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     ap = parser(__doc__, "dcpfl, 2 rounds", 2)
-    ap.add_argument("--sample", default=",".join(SAMPLE), help=f"comma-separated, of {', '.join(SAMPLE)}")
+    ap.add_argument("--sample", default="dcpfl,scd", help=f"comma-separated, of {', '.join(SAMPLE)} (default: the two "
+                    "client-by-client runs; the profiler holds every operation's event, and a batched run's many small "
+                    "operations took over 10 minutes and 12 GB for pFedSD's)")
     ap.add_argument("--baseline-wall", default="", help="label=seconds,...: each run's wall time at the baseline")
     a = ap.parse_args(argv)
     labels = ["dcpfl"] if a.quick else a.sample.split(",")
