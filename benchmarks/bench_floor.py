@@ -59,8 +59,7 @@ def _run(cfg, prof: bool) -> tuple[float, dict]:
     return wall, {k: sum(self_s.get(n, 0.0) for n in names) for k, names in KERNELS.items()}
 
 
-def run_row(label: str, quick: bool, repeats: int, baseline: float | None) -> dict:
-    cfg = sample_config(*SAMPLE[label], quick)[1]
+def run_row(label: str, cfg, repeats: int, baseline: float | None) -> dict:
     wall = min(_run(cfg, False)[0] for _ in range(repeats))
     profiled, k = _run(cfg, True)
     floor = k["matmul"] + k["conv"]
@@ -109,8 +108,9 @@ def main(argv: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     except ValueError:
         ap.error(f"--baseline-wall {a.baseline_wall!r}: expected label=seconds,...")
     with torch_threads(a.threads):
-        rows = [run_row(lb, a.quick, a.repeats, base.get(lb)) for lb in labels]
-        layers = [r for lb in labels for r in layer_rows(sample_config(*SAMPLE[lb], a.quick)[1], 1 if a.quick else 5)]
+        cfgs = {lb: sample_config(*SAMPLE[lb], a.quick)[1] for lb in labels}
+        rows = [run_row(lb, cfgs[lb], a.repeats, base.get(lb)) for lb in labels]
+        layers = [r for lb in labels for r in layer_rows(cfgs[lb], 1 if a.quick else 5)]
     out = Path(a.out)
     write_table(out, "bench_floor", list(COLUMNS), rows,
                 f"torch {torch.__version__}, {a.threads} thread(s); wall fastest of {a.repeats}, kernels from one "
