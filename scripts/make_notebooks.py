@@ -190,8 +190,8 @@ def dvc_yaml_text() -> str:
     stages["report"] = {  # the replication report: every paper's tables, figures and claims checklist, last
         "cmd": "python -m pflrepro report --results results --figures figures --out results/report --metrics "
                "metrics/report.json",
-        "deps": ["pflrepro/reporting/claims.py", "pflrepro/reporting/health.py", "pflrepro/reporting/replication.py",
-                 "pflrepro/reporting/verdicts.py", "paper_numbers"]
+        "deps": ["pflrepro/reporting/claims.py", "pflrepro/reporting/forest.py", "pflrepro/reporting/health.py",
+                 "pflrepro/reporting/replication.py", "pflrepro/reporting/verdicts.py", "paper_numbers"]
                 + [f"results/{n}" for n in papers] + [f"figures/{n}" for n in papers],
         "outs": ["results/report"],
         "metrics": [{"metrics/report.json": {"cache": False}}],   # the verdicts per paper, compact

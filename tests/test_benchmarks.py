@@ -274,3 +274,13 @@ def test_bench_floor_quick(tmp_path):
     assert (tmp_path / "bench_floor.csv").read_text().startswith("run,")
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--baseline-wall", "dcpfl", "--out", str(tmp_path)])
+
+
+@pytest.mark.full   # the rates themselves are tests/test_calibration.py's, in every `make test`; this is the script's CLI
+def test_bench_calibration_quick(tmp_path):
+    """The calibration benchmark's quick mode: four shapes through claims.judge, every checked rate within its bound
+    (exit 0), the CSV and the summary the docs take written."""
+    assert _bench("bench_calibration").main(["--quick", "--out", str(tmp_path)]) == 0
+    rows = (tmp_path / "calibration.csv").read_text().splitlines()
+    assert rows[0].startswith("form,quantifier,seeds,cells,rivals,noise,variant") and len(rows) > 10
+    assert "outside ALPHA + 3 Monte Carlo SE" in (tmp_path / "calibration_summary.md").read_text()

@@ -49,8 +49,9 @@ def stage(results: Path, name: str, values: dict, runs: dict[str, float], profil
     each run's own provenance.json in the store results/runs/)."""
     d = results / name
     d.mkdir(parents=True)
-    # three seeds each: m3's seeds move against m1's (so m1 vs m3 straddles), the others by one point alike
-    jitter = {"m3": (0.0, 2.0, -2.0)}
+    # three seeds each, all moved by the partition (+1, -1 on seeds 1, 2); m3's own noise moves against m1's (so m1
+    # vs m3 straddles), m1's and m2's by a few tenths
+    jitter = {"m1": (0.0, 0.4, -0.3), "m2": (0.0, -0.2, 0.1), "m3": (0.0, 2.0, -2.0)}
     t = pd.DataFrame({"dataset": "fmnist", "setting": "s1", "method": list(values), "reproduced": list(values.values()),
                       "repro_std": 1.0, "seeds": 3, "paper": 90.0,
                       "repro_seeds": [";".join(f"{s}:{v + j + (s == 1) - (s == 2)}" for s, j in
@@ -100,7 +101,9 @@ def test_report_files_figures_embedded_and_nothing_external(tree):
     page = out["html"].read_text()
     for data in pngs.values():                                    # each PNG, byte for byte, as a data URI
         assert f'src="data:image/png;base64,{base64.b64encode(data).decode()}"' in page
-    assert len(re.findall(r"<img\b", page)) == 2
+    assert len(re.findall(r"<img\b", page)) == 3                 # the two figures and the paper's forest plot
+    assert (results / "report" / "forest_fake.png").is_file() and "![fake: claims](forest_fake.png)" in \
+        out["markdown"].read_text()
     assert 'src="http' not in page and 'href="http' not in page
     assert re.findall(r'(?:src|href)="(?!data:image/png;base64,|#)', page) == []   # no file, no host
     assert '<span class="path">fake_table1.ipynb</span>' in page   # the executed notebook: named, not linked
@@ -157,7 +160,7 @@ def test_cli(tree, capsys):
     results, figures, _ = tree
     assert main(["report", "--results", str(results), "--figures", str(figures), "--out", str(results / "r")]) == 0
     assert (results / "r" / "report.html").is_file()
-    assert "| fake | mini | 2 | 2 | 0 | 1 | 1 | 0 | 0 | 0 | 1 |" in capsys.readouterr().out
+    assert "| fake | mini | 2 | 2 | 0 | 1 | 1 | 0 | 0 | 0 | 1 | 0 |" in capsys.readouterr().out
 
 
 def test_readme_block_gets_the_summary_and_its_stamp():
@@ -169,7 +172,7 @@ def test_readme_block_gets_the_summary_and_its_stamp():
     out = readme_with_summary(text, [{**row, "headline": "1 fails of 1 (best: fails)"}], "Measured at commit abc.")
     assert "- **Paper X** (mini): 1 fails of 1 (best: fails)" in out        # the headline claims, apart
     assert out.startswith("# R\n\nintro\n" + README_START) and out.endswith(README_END + "\nafter\n")
-    assert "old table" not in out and "| Paper X | mini | 2 of 2 | 3 | 0 | 1 | 2 | 0 | 0 | 0 | 3 |" in out \
+    assert "old table" not in out and "| Paper X | mini | 2 of 2 | 3 | 0 | 1 | 2 | 0 | 0 | 0 | 3 | 0 |" in out \
         and "Measured at commit abc." in out
     assert readme_with_summary(out, [{**row, "headline": "1 fails of 1 (best: fails)"}],
                                "Measured at commit abc.") == out          # idempotent
@@ -185,9 +188,9 @@ def test_run_health_lists_each_flagged_run_once_with_its_stages(tree):
         df.to_csv(results / name / "runs.csv", index=False)
     md = replication.write_report(results, figures, results / "report")["markdown"].read_text()
     assert md.count("**Run health:** 1 of 3 runs flagged") == 1               # the fake paper: m1-a, m2-b, m3-c
-    assert re.search(r"\| \[fake\]\(#paper-fake\) \| mini \| 2 \| 2 \| 0 \| 1 \| 1 \| 0 \| 0 \| 0 \| 1 \| 35.0 s \| 1 \|",
+    assert re.search(r"\| \[fake\]\(#paper-fake\) \| mini \| 2 \| 2 \| 0 \| 1 \| 1 \| 0 \| 0 \| 0 \| 1 \| 0 \| 35.0 s \| 1 \|",
                      md)  # runs flagged
-    assert re.search(r"\| \[other\]\(#paper-other\) \| smoke \| 1 \|( \d+ \|){8} 1.0 s \| — \|", md)  # not checked
+    assert re.search(r"\| \[other\]\(#paper-other\) \| smoke \| 1 \|( \d+ \|){9} 1.0 s \| — \|", md)  # not checked
     assert "| `m1-a` | m1 / s1 / 0 | `fake_table1`, `fake_fig2` | fall: last evaluation 28.0 points under the best |" in md
     assert re.search(r"Run health: 1 run flagged \(fake: 1; listed under each paper\) \(2 stages checked; collapse = ", md)
     assert "other_table1" in md and md.count("**Run health:**") == 1          # a runs.csv without the column: not checked
@@ -215,7 +218,7 @@ def test_verdict_metrics_are_a_compact_dvc_metrics_file():
                {**row, "paper": "c", "profile": R.NOT_REPRODUCED, "not run": 0, "claims": 0}]
     out = R.verdict_metrics(summary)
     metric = {"holds": 2, "partial": 0, "fails": 1, "inconclusive": 0, "underpowered": 1, "by_design": 0, "not_run": 1,
-              "claims": 5, "independent_tests": 2}
+              "claims": 5, "independent_tests": 2, "metric_sensitive": 0}
     assert out == {"a": {"profile": "mini", **metric, "runs_flagged": 0},
                    "b (mini)": {"profile": "mini", **metric, "runs_flagged": 0},
                    "b (paper)": {"profile": "paper", **metric, "runs_flagged": 2}}

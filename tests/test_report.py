@@ -180,3 +180,24 @@ def test_plot_vs_paper_draws_error_bars_only_where_seeds_spread():
     assert len(bars) == 1
     (segments,) = [c.get_segments() for c in bars[0].lines[2]]
     assert len(segments) == 1 and segments[0][0][1] == 78.0 and segments[0][1][1] == 82.0   # a's 80 +- 2 only
+
+
+def test_effective_test_images_and_last_tenth_hand_computed(tmp_path):
+    """Issue 51: the claims' test-set floor needs the number of test images behind a score, and the metric-robustness
+    reading the mean over the last tenth of the evaluations."""
+    import numpy as np
+
+    from pflrepro.reporting import tables
+    np.savez(tmp_path / "partition.npz", **{f"test_{k}": np.arange(n) for k, n in enumerate((7, 12, 0, 30))},
+             **{f"train_{k}": np.arange(n) for k, n in enumerate((10, 20, 5, 30))})
+    # mean over the 3 clients with test images of each one's accuracy: K^2 / sum(1 / n_k) = 9 / (1/7 + 1/12 + 1/30)
+    assert tables.effective_test_n(tmp_path, "pm_acc_mean") == pytest.approx(9 / (1 / 7 + 1 / 12 + 1 / 30))
+    # weighted by training shares 10, 20, 30 of 60: 1 / sum(w_k^2 / n_k)
+    w = np.array([10, 20, 30]) / 60
+    assert tables.effective_test_n(tmp_path, "pm_acc_weighted") == pytest.approx(1 / np.sum(w ** 2 / np.array([7, 12, 30])))
+    assert tables.effective_test_n(tmp_path, "gm_acc", "train+test") == 49.0      # the union of the local tests
+    assert np.isnan(tables.effective_test_n(tmp_path, "gm_acc", "train"))        # the official test set: not stored
+    assert np.isnan(tables.effective_test_n(tmp_path / "absent", "pm_acc_mean"))
+    history = [{"pm_acc_mean": v / 100} for v in range(1, 26)]                   # 25 evaluations: the last 3
+    assert tables.last_tenth(history) == pytest.approx(24.0)
+    assert tables.last_tenth(history[:5]) == pytest.approx(5.0)                  # at least one

@@ -102,6 +102,9 @@ DEFAULT_PAPER_SEEDS = 3
 SMALL_TEST = 30          # a per-client test set under this many images is named beside the verdict
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 KEY_COLUMNS = ("dataset", "setting", "panel", "metric", "method")
+# the columns of an accuracy table (`tables.compare`) that its `test_n` (effective test images) is behind
+ACCURACY_COLUMNS = ("reproduced", "last10", "last_tenth")
+ROBUST_COLUMN = "last_tenth"   # the metric-robustness reading: the mean over the last tenth of the evaluations
 
 
 COMMON = {"id", "quote", "where", "form", "section", "column", "std", "select", "group_by", "quantifier",
@@ -233,6 +236,7 @@ class Val:
     exact: bool = False
     keys: dict = field(default_factory=dict)
     min_test: float = float("nan")
+    n_test: float = float("nan")          # effective test images behind one seed's value (accuracies only)
 
     def __str__(self):
         seeds = f" (seeds {', '.join(f'{s}:{_fmt(v)}' for s, v in self.per_seed.items())})" if self.per_seed else ""
@@ -260,9 +264,9 @@ def _fmt(x: float) -> str:
 
 def _delta_se(f, vals: list[Val]) -> tuple[float | None, float | None]:
     """Standard error of f at the means from each value's std over its seeds (delta method, numerical
-    derivatives), and the degrees of freedom (sum of n - 1); None when a value f depends on has no spread."""
+    derivatives), and its Welch-Satterthwaite degrees of freedom; None when a value f depends on has no spread."""
     xs = np.array([v.x for v in vals], dtype=np.float64)
-    var, df = 0.0, 0.0
+    var, den = 0.0, 0.0
     for i, v in enumerate(vals):
         if v.exact:
             continue
@@ -275,27 +279,43 @@ def _delta_se(f, vals: list[Val]) -> tuple[float | None, float | None]:
             continue
         if v.sd != v.sd or v.n < 2:
             return None, None
-        var += g * g * v.sd ** 2 / v.n
-        df += v.n - 1
-    return math.sqrt(var), df
+        c = g * g * v.sd ** 2 / v.n
+        var += c
+        den += c * c / (v.n - 1)
+    return math.sqrt(var), (var * var / den if den else math.inf)    # Welch-Satterthwaite degrees of freedom
 
 
-def effect(name: str, vals: list[Val], f, text: str = "") -> Sample:
+def _floor(kind: str | None, vals: list[Val], means: list[float]) -> float:
+    """The test-set floor of one seed's effect (verdicts.floor_variance) for an effect of `kind` over accuracies
+    with known test sets; 0 otherwise."""
+    if kind is None or any(not (v.n_test == v.n_test) for v in vals) or not all(map(math.isfinite, means)):
+        return 0.0
+    return verdicts.floor_variance(kind, means, [v.n_test for v in vals])
+
+
+def effect(name: str, vals: list[Val], f, text: str = "", kind: str | None = None) -> Sample:
     """The effect f([value of each of `vals`]) in one cell: per seed over the seeds all of them share (paired),
-    else at the means with a delta-method standard error, or exact where every value is."""
+    else at the means with a delta-method standard error, or exact where every value is. `kind` ('diff', 'value',
+    'ratio'): what the effect is of accuracies, for its test-set floor (verdicts.floor_variance)."""
     xs = [v.x for v in vals]
     if all(v.exact for v in vals):
         return Sample(name, float(f(xs)), exact=True, text=text)
     if all(v.per_seed for v in vals):
         common = sorted(set.intersection(*(set(v.per_seed) for v in vals)))
         if common:
-            per = np.array([f([v.per_seed[s] for v in vals]) for s in common], dtype=np.float64)
-            return Sample(name, float(np.mean(per)), values=per, text=text)
+            rows = [[v.per_seed[s] for v in vals] for s in common]
+            per = np.array([f(r) for r in rows], dtype=np.float64)
+            tie = np.array([all(math.isinf(x) for x in r) for r in rows])
+            per[np.isnan(per) & tie] = 0.0          # both never reached the target on that seed: a tie
+            means = [float(np.mean([r[i] for r in rows])) for i in range(len(vals))]
+            return Sample(name, float(np.mean(per)), values=per, text=text, seeds=tuple(common),
+                          floor=_floor(kind, vals, means))
     point = float(f(xs))
     if not math.isfinite(point):          # a method that never reached a target: decided by that alone
         return Sample(name, point, exact=True, text=text)
     se, df = _delta_se(f, vals)
-    return Sample(name, point, se=se, df=df, text=text)
+    n = min((v.n for v in vals if not v.exact), default=0)
+    return Sample(name, point, se=se, df=df, text=text, n_seeds=n)
 
 
 @dataclass
@@ -307,11 +327,14 @@ class Comparison:
     skipped: list = field(default_factory=list)     # [(cell, why)]
     used: list = field(default_factory=list)        # [Val] read (their runs and test sets)
     guard: bool = False                             # can only fail the claim (a trend's steps)
-    family: int = 1                                 # comparisons made at once (Bonferroni for what fails the claim)
-    strict_in: bool = False                         # one of a family must hold: it holds at the family's level too
+    family: int = 1                                 # comparisons of one kind made at once (a competitor each)
+    hold_union: int = 1                             # it holds for one of this many candidates chosen by their
+    #                                                 means (the best of a list, a peak's interior point): Bonferroni
+    display: bool = False                           # the comparison the claim's effect is shown by
+    absent: set = field(default_factory=set)        # competitors blank in a cell (not run there)
 
-    def add(self, name: str, vals: list[Val], f, text: str = "") -> None:
-        self.cells.append(effect(name, vals, f, text or "; ".join(str(v) for v in vals)))
+    def add(self, name: str, vals: list[Val], f, text: str = "", kind: str | None = None) -> None:
+        self.cells.append(effect(name, vals, f, text or "; ".join(str(v) for v in vals), kind))
         self.used += vals
 
 
@@ -414,7 +437,8 @@ class Evaluator:
         if x != x and not self.worst:
             return None
         keys = {k: row[k] for k in ("dataset", "setting", "method") if k in row}
-        v = Val(_ref_label(ref), worst if x != x else x, keys=keys, min_test=_num(row.get("min_test")))
+        v = Val(_ref_label(ref), worst if x != x else x, keys=keys, min_test=_num(row.get("min_test")),
+                n_test=_num(row.get("test_n")) if col in ACCURACY_COLUMNS and not self.paper else float("nan"))
         if self.exact:
             v.exact = True
             return v
@@ -527,8 +551,10 @@ def _eval_order(ev: Evaluator) -> list[Comparison]:
             if a is None or b is None:
                 comp.skipped.append((name, "not in this profile: " + _absent(ev, cell, [a_ref, b_ref])))
                 continue
-            comp.add(name, [a, b], lambda v: ev.sign * (v[0] - v[1]))
+            comp.add(name, [a, b], lambda v: ev.sign * (v[0] - v[1]), kind="diff")
         out.append(comp)
+    for c in out:
+        c.family = len(out)
     return out
 
 
@@ -537,7 +563,7 @@ def _pairwise(ev: Evaluator, label, pairs, skipped: list) -> list[Comparison]:
     comps: dict = {}
     for name, a, b in pairs:
         comp = comps.setdefault((a.label, b.label), Comparison(label(a, b), Region(">", 0.0)))
-        comp.add(name, [a, b], lambda v: ev.sign * (v[0] - v[1]))
+        comp.add(name, [a, b], lambda v: ev.sign * (v[0] - v[1]), kind="diff")
     out = list(comps.values())
     for c in out:
         c.family = len(out)
@@ -557,12 +583,8 @@ def _eval_order_all(ev: Evaluator) -> list[Comparison]:
             skipped.append((name, "not in this profile: " + _absent(ev, cell, refs)))
             continue
         pairs += [(name, a, b) for a in above for b in below]
-    comps = _pairwise(ev, lambda a, b: f"{a.label if a else 'above'} {_rel(ev)} {b.label if b else 'below'}",
-                      pairs, skipped)
-    if ev.c.get("pairs") == "any":
-        for c in comps:
-            c.strict_in = True
-    return comps
+    return _pairwise(ev, lambda a, b: f"{a.label if a else 'above'} {_rel(ev)} {b.label if b else 'below'}",
+                     pairs, skipped)
 
 
 def _competitors(ev: Evaluator, cell: pd.DataFrame, exclude_refs: list) -> list:
@@ -587,20 +609,36 @@ def _eval_best(ev: Evaluator) -> list[Comparison]:
     competitors). Per-seed "a minus the best competitor of that seed" would favour the competitors: the maximum of
     several noisy competitors is above each of them."""
     a_refs = _as_list(ev.c["a"])
-    pairs, skipped = [], []
+    pairs, skipped, blank = [], [], set()
     for name, cell in ev.cells():
         a_vals = [v for v in (ev.value(cell, r) for r in a_refs) if v is not None]
         if not a_vals:
             skipped.append((name, "not in this profile: " + _absent(ev, cell, a_refs)))
             continue
-        others = [v for v in (ev.value(cell, r) for r in _competitors(ev, cell, a_refs)) if v is not None]
+        rivals = _competitors(ev, cell, a_refs)
+        got = [(r, ev.value(cell, r)) for r in rivals]
+        blank |= {_ref_label(r) for r, v in got if v is None and _has_row(ev, cell, r)}
+        others = [v for _, v in got if v is not None]
         if not others:
             skipped.append((name, "no competitor ran in this cell"))
             continue
         a = _leader(ev, a_vals)
         pairs += [(name, a, b) for b in others]
-    return _pairwise(ev, lambda a, b: f"{a.label if a else '/'.join(map(_ref_label, a_refs))} {_rel(ev)} "
-                                      f"{b.label if b else 'every other'}", pairs, skipped)
+    comps = _pairwise(ev, lambda a, b: f"{a.label if a else '/'.join(map(_ref_label, a_refs))} {_rel(ev)} "
+                                       f"{b.label if b else 'every other'}", pairs, skipped)
+    for c in comps:
+        c.hold_union = len(a_refs)     # the best of a list, chosen by its mean: it holds at alpha / len(list)
+        c.absent = blank
+    return comps
+
+
+def _has_row(ev: Evaluator, cell: pd.DataFrame, ref) -> bool:
+    """Whether a ref has a row in the cell (blank or not): a row with a blank value is a competitor that did not
+    run there, which makes a holding claim partial."""
+    filters = _ref_filters(ref)
+    if any(k not in cell.columns for k in filters):
+        return False
+    return any(all(_match_one(r[k], v) for k, v in filters.items()) for r in ev._records(cell))
 
 
 def _series_points(ev: Evaluator, cell: pd.DataFrame, along: str, order: list, filt: dict) -> list[Val]:
@@ -618,7 +656,8 @@ def _eval_trend(ev: Evaluator) -> list[Comparison]:
     along = ev.c.get("along", "setting")
     direction, steps = ev.c["direction"], ev.c.get("steps", "all")
     ends = Comparison(f"{direction} along {along}" + (" (ends)" if direction != "peak" else
-                                                     " (highest interior point minus the higher end)"), Region(">", 0.0))
+                                                     " (highest interior point minus the first)"), Region(">", 0.0))
+    last = Comparison(f"{direction} along {along} (highest interior point minus the last)", Region(">", 0.0))
     guard = Comparison(f"no step against {direction}", Region(">", 0.0), guard=True)
     s = -1.0 if direction == "decreasing" else 1.0
     for name, cell in ev.cells():
@@ -642,14 +681,19 @@ def _eval_trend(ev: Evaluator) -> list[Comparison]:
                                             f"{', '.join(map(str, present))}); {direction} needs {need} points"))
                 continue
             seq = " -> ".join(str(v) for v in vals)
-            if direction == "peak":
-                i = 1 + int(np.argmax([v.x for v in vals[1:-1]]))
-                ends.add(label, vals, lambda v, i=i: min(v[i] - v[0], v[i] - v[-1]), seq)
+            if direction == "peak":     # the interior point with the highest mean, above both ends: chosen by its
+                i = 1 + int(np.argmax([v.x for v in vals[1:-1]]))     # mean, so it holds at alpha / (interior points)
+                ends.add(label, [vals[i], vals[0]], lambda v: v[0] - v[1], seq, kind="diff")
+                last.add(label, [vals[i], vals[-1]], lambda v: v[0] - v[1], seq, kind="diff")
+                ends.hold_union = last.hold_union = max(ends.hold_union, len(vals) - 2)
+                ends.family = last.family = 2
                 continue
-            ends.add(label, [vals[0], vals[-1]], lambda v: s * (v[1] - v[0]), seq)
+            ends.add(label, [vals[0], vals[-1]], lambda v: s * (v[1] - v[0]), seq, kind="diff")
             if steps == "all":
                 for a, b in zip(vals, vals[1:]):
-                    guard.add(f"{label}: {a.label}->{b.label}", [a, b], lambda v: s * (v[1] - v[0]))
+                    guard.add(f"{label}: {a.label}->{b.label}", [a, b], lambda v: s * (v[1] - v[0]), kind="diff")
+    if direction == "peak":
+        return [ends, last]
     return [ends, guard] if guard.cells else [ends]
 
 
@@ -677,8 +721,10 @@ def _eval_ratio(ev: Evaluator) -> list[Comparison]:
             if any(v is None for v in vals):
                 comp.skipped.append((name, "not in this profile: " + _absent(ev, cell, [num] + ([den] if den else []))))
                 continue
-            comp.add(name, vals, (lambda v: v[0]) if den is None else _ratio)
+            comp.add(name, vals, (lambda v: v[0]) if den is None else _ratio, kind=None if den is None else "ratio")
         out.append(comp)
+    for c in out:
+        c.family = len(out)
     return out
 
 
@@ -694,19 +740,47 @@ def _eval_near(ev: Evaluator) -> list[Comparison]:
     q_kind, tol = ev.c["quantity"], float(ev.c["tolerance"])
     if q_kind == "value":
         return [_near_value(ev, tol)]
+    if q_kind == "margin":
+        return _near_margin(ev, tol)
     comp = Comparison(f"{q_kind} near {ev.c['target']}", _near_region(q_kind, float(ev.c["target"]), tol))
     for name, cell in ev.cells():
         a = ev.value(cell, ev.c["a"])
-        if q_kind == "margin":
-            bs = [v for v in (ev.value(cell, r) for r in _competitors(ev, cell, [ev.c["a"]])) if v is not None]
-        else:
-            bs = [b] if (b := ev.value(cell, ev.c["b"])) is not None else []
-        if a is None or not bs:
+        b = ev.value(cell, ev.c["b"])
+        if a is None or b is None:
             comp.skipped.append((name, "not in this profile: " + _absent(ev, cell, [ev.c["a"], ev.c.get("b", "")])))
             continue
-        b = _leader(ev, bs)       # the best other method by its mean (margin), fixed so that its seeds pair
-        comp.add(name, [a, b], _ratio if q_kind == "ratio" else (lambda v: ev.sign * (v[0] - v[1])))
+        if q_kind == "ratio":
+            comp.add(name, [a, b], _ratio, kind="ratio")
+        else:
+            comp.add(name, [a, b], lambda v: ev.sign * (v[0] - v[1]), kind="diff")
     return [comp]
+
+
+def _near_margin(ev: Evaluator, tol: float) -> list[Comparison]:
+    """a's margin over the best other method, m = a - max_j b_j, within target ± tol (and above 0 where the target
+    is): m >= lo means a - b_j >= lo for EVERY competitor j (one paired comparison each, intersection-union);
+    m <= hi means a - b_j <= hi for SOME j, tested on the competitor with the best mean (chosen by its mean, so at
+    alpha / the number of competitors). Each competitor's comparison pairs its seeds with a's."""
+    target = float(ev.c["target"])
+    full = _near_region("margin", target, tol)
+    lower = Region(">", full.null) if full.null is not None and full.null >= full.lo else Region(">=", full.lo)
+    each: dict = {}
+    top = Comparison(f"margin over the best other near {ev.c['target']} (at most {_fmt(full.hi)})",
+                     Region("<=", full.hi), display=True)
+    for name, cell in ev.cells():
+        a = ev.value(cell, ev.c["a"])
+        bs = [v for v in (ev.value(cell, r) for r in _competitors(ev, cell, [ev.c["a"]])) if v is not None]
+        if a is None or not bs:
+            top.skipped.append((name, "not in this profile: " + _absent(ev, cell, [ev.c["a"]])))
+            continue
+        for b in bs:
+            comp = each.setdefault(b.label, Comparison(f"{a.label} - {b.label} at least {_fmt(full.lo)}", lower))
+            comp.add(name, [a, b], lambda v: ev.sign * (v[0] - v[1]), kind="diff")
+        top.add(name, [a, _leader(ev, bs)], lambda v: ev.sign * (v[0] - v[1]), kind="diff")
+        top.hold_union = max(top.hold_union, len(bs))
+    for c in each.values():
+        c.family = len(each)
+    return [top, *each.values()]
 
 
 def _near_value(ev: Evaluator, tol: float) -> Comparison:
@@ -723,7 +797,7 @@ def _near_value(ev: Evaluator, tol: float) -> Comparison:
             if v is None or p != p:
                 comp.skipped.append((label, "no reproduced or no paper value"))
                 continue
-            comp.add(label, [v], lambda x, p=p: x[0] - p, f"{v} vs paper {_fmt(p)}")
+            comp.add(label, [v], lambda x, p=p: x[0] - p, f"{v} vs paper {_fmt(p)}", kind="value")
     return comp
 
 
@@ -731,16 +805,6 @@ EVALUATORS = {"order": _eval_order, "order_all": _eval_order_all, "best": _eval_
               "ratio": _eval_ratio, "near": _eval_near}
 
 
-def _aggregated(ev: Evaluator, comps: list[Comparison]) -> list[Comparison]:
-    """`aggregate: max`: each comparison decided on its cell with the largest effect alone."""
-    if ev.c.get("aggregate") != "max":
-        return comps
-    for comp in comps:
-        if comp.cells and not comp.guard:
-            top = max(comp.cells, key=lambda s: s.point if s.point == s.point else -math.inf)
-            comp.skipped += [(s.name, "not the largest effect (aggregate: max)") for s in comp.cells if s is not top]
-            comp.cells = [top]
-    return comps
 
 
 # ------------------------------------------------------------------ one claim, all claims
@@ -814,7 +878,31 @@ def _table(claim: dict, results, source: str, row: dict) -> pd.DataFrame:
 
 
 def _quantifier(claim: dict) -> str:
-    return "most" if claim.get("aggregate") == "mean" else claim.get("quantifier", "all")
+    """`aggregate: mean` is the pooled effect (`most`); `aggregate: max` (the cell with the largest effect) is
+    `any`: deciding on the cell chosen as the largest needs the Bonferroni level over the cells."""
+    agg = claim.get("aggregate")
+    return "most" if agg == "mean" else ("any" if agg == "max" else claim.get("quantifier", "all"))
+
+
+def _mode(claim: dict) -> str:
+    """How a claim's comparisons combine: 'any' (one must hold: `pairs: any`), else 'all'."""
+    return "any" if claim.get("pairs") == "any" else "all"
+
+
+def _levels(claim: dict, comps: list[Comparison]) -> list[tuple[float, float]]:
+    """(hold_alpha, fail_alpha) of each comparison of a claim, so that at the claim's boundary it holds and fails
+    wrongly at most ALPHA each. All comparisons must hold (intersection-union: each at its own level); one against
+    fails the claim, so failing is corrected over every test that could fail it (Bonferroni, Holm's first step:
+    each cell of an `all` comparison or a guard is one, a pooled or `any` comparison one). Under `pairs: any` the
+    claim holds when one comparison holds (Bonferroni over them) and fails only when all fail (each at its own
+    level). A comparison that holds for a candidate chosen by its means (`hold_union`) holds at alpha / that many."""
+    q = _quantifier(claim)
+    base = [verdicts.default_levels(q, max(len(c.cells), 1), c.guard) for c in comps]
+    hold = [h / c.hold_union for (h, _), c in zip(base, comps)]
+    if _mode(claim) == "any":
+        return [(h / len(comps), f) for h, (_, f) in zip(hold, base)]
+    tests = sum(len(c.cells) if (c.guard or q == "all") else 1 for c in comps)
+    return [(h, verdicts.ALPHA / max(tests, 1)) for h in hold]
 
 
 def _paper_point_verdict(comp: Comparison, d: verdicts.Decision, quantifier: str) -> None:
@@ -878,6 +966,9 @@ def _main(comps: list[Comparison], decisions: list) -> tuple:
     """The comparison a claim's effect is shown by: of a family (a competitor each), the closest one (its smallest
     effect); otherwise the first that is not a guard."""
     pairs = [(c, d) for c, d in zip(comps, decisions) if not c.guard]
+    shown = [(c, d) for c, d in pairs if c.display]
+    if shown:
+        return shown[0]
     if len(pairs) > 1 and all(c.family > 1 for c, _ in pairs):
         return min(pairs, key=lambda cd: cd[1].point if cd[1].point == cd[1].point else math.inf)
     return pairs[0]
@@ -895,74 +986,145 @@ def _paper_effect(paper: dict | None, comp: Comparison) -> float | None:
 
 def _decide(claim: dict, comps: list[Comparison], paper_points: dict | None, source: str) -> list[verdicts.Decision]:
     out = []
-    for c in comps:
+    for c, (hold, fail) in zip(comps, _levels(claim, comps)):
         pe = _paper_effect((paper_points or {}).get(c.label), c)
-        d = verdicts.decide(c.cells, c.region, _quantifier(claim), pe, guard=c.guard, family=c.family,
-                            strict_in=c.strict_in)
+        d = verdicts.decide(c.cells, c.region, _quantifier(claim), pe, guard=c.guard, hold_alpha=hold, fail_alpha=fail)
         if source == "paper":
             d.left_out = []
             if d.ci is not None and d.verdict in ("inconclusive", "underpowered"):
                 d.verdict = "inconclusive"
-                d.why = "; ".join(x for x in (d.why.split(";")[0] if "estimate" in d.why else "",
-                                              "the printed spread straddles") if x)
+                d.why = "the printed spread does not decide it"
             _paper_point_verdict(c, d, _quantifier(claim))
         out.append(d)
     return out
 
 
+@dataclass
+class Judgement:
+    """A claim judged on one table: its verdict (before `partial` and `by design`), the comparisons and their
+    decisions, and the evaluator (what it read)."""
+    verdict: str
+    comps: list
+    decisions: list
+    ev: Evaluator
+
+
+def judge(claim: dict, table: pd.DataFrame, paper: bool = False, paper_points: dict | None = None,
+          paper_seeds: int = DEFAULT_PAPER_SEEDS) -> Judgement:
+    """One claim on one table in memory (the reproduced one, or the paper's printed numbers: `paper`); raises NotRun
+    when there is nothing to evaluate. `benchmarks/bench_calibration.py` judges simulated tables with it."""
+    ev = Evaluator(claim, table, paper=paper, paper_seeds=paper_seeds)
+    comps = EVALUATORS[claim["form"]](ev)
+    if not any(c.cells for c in comps if not c.guard):
+        raise NotRun("; ".join(f"{n}: {t}" for c in comps for n, t in c.skipped) or "nothing to evaluate")
+    comps = [c for c in comps if c.cells]
+    decisions = _decide(claim, comps, paper_points, "paper" if paper else "results")
+    return Judgement(verdicts.combine([d.verdict for d in decisions], _mode(claim)), comps, decisions, ev)
+
+
+EMPTY_ROW = {"verdict": "not run", "evidence": "", "cells": [], "profile": None, "stand_in": [], "effect": None,
+             "ci": None, "interval": "", "method": "", "seeds": 0, "mde": None, "points": {}, "absent": [],
+             "min_test": None, "uses": [], "paper_effect": None, "paper_interval": "", "paper_verdict": "",
+             "seed_sd": None, "paper_gap": None, "mde3": None, "region": "", "bounds": [], "cell_ci": [],
+             "quantity_verdict": "", "robust_verdict": "", "robust_interval": "", "metric_sensitive": False,
+             "paper_check": "", "power": None}
+
+
 def evaluate(claim: dict, results: Path | str | None = None, doc: dict | None = None,
              source: str = "results") -> dict:
     """One claim -> {paper, id, stage, table, form, quote, verdict, effect, ci, interval, seeds, mde, paper_effect,
-    paper_verdict, absent, min_test, uses, evidence, cells, profile, stand_in, ...} (module docstring)."""
+    paper_verdict, absent, min_test, uses, evidence, cells, profile, stand_in, quantity_verdict, robust_verdict,
+    metric_sensitive, paper_check, ...} (module docstring)."""
     doc = doc or {}
     stage, stem = claim["where"]["stage"], claim["where"].get("table", "table")
     row = {"paper": doc.get("paper", ""), "id": claim["id"], "stage": stage, "table": stem,
-           "form": claim["form"], "quote": claim["quote"], "verdict": "not run", "evidence": "",
-           "cells": [], "profile": None, "stand_in": [], "paper_inconsistent": claim.get("paper_inconsistent", ""),
-           "note": claim.get("note", ""), "by_design": claim.get("by_design", ""),
-           "headline": bool(claim.get("headline", False)), "effect": None, "ci": None, "interval": "",
-           "method": "", "seeds": 0, "mde": None, "points": {}, "absent": [], "min_test": None, "uses": [],
-           "paper_effect": None, "paper_interval": "", "paper_verdict": "", "seed_sd": None, "paper_gap": None,
-           "mde3": None}
+           "form": claim["form"], "quote": claim["quote"], **{k: (v.copy() if isinstance(v, (list, dict)) else v)
+                                                             for k, v in EMPTY_ROW.items()},
+           "paper_inconsistent": claim.get("paper_inconsistent", ""), "note": claim.get("note", ""),
+           "by_design": claim.get("by_design", ""), "headline": bool(claim.get("headline", False))}
     paper = None
     if source != "paper":
         paper = evaluate(claim, None, doc, source="paper")
         row.update(paper_effect=paper["effect"], paper_interval=paper["interval"] or paper["evidence"][:200],
                    paper_verdict=paper["verdict"])
+        row["paper_check"] = paper_check(claim, paper["verdict"])
     try:
-        ev = Evaluator(claim, _table(claim, results, source, row), paper=source == "paper",
-                       paper_seeds=doc.get("paper_seeds", DEFAULT_PAPER_SEEDS))
-        comps = _aggregated(ev, EVALUATORS[claim["form"]](ev))
-        if not any(c.cells for c in comps if not c.guard):
-            raise NotRun("; ".join(f"{n}: {t}" for c in comps for n, t in c.skipped) or "nothing to evaluate")
-        comps = [c for c in comps if c.cells]
-        decisions = _decide(claim, comps, None if source == "paper" else paper["points"], source)
-        verdict = verdicts.combine([d.verdict for d in decisions], "any" if claim.get("pairs") == "any" else "all")
-        main, d = _main(comps, decisions)
-        row.update(effect=d.point, ci=d.ci, interval=d.interval_text(), method=d.method, seeds=d.seeds, mde=d.mde,
-                   points={c.label: {"pooled": x.point, "cells": {s.name: s.point for s in c.cells}}
-                           for c, x in zip(comps, decisions)}, evidence=_evidence(comps, decisions))
-        row["cells"] = [{"cell": s.name, "effect": s.point, "seeds": s.n, "numbers": s.text} for s in main.cells]
-        spread = [float(np.var(s.values, ddof=1)) for s in main.cells
-                  if s.values is not None and s.n >= 2 and np.all(np.isfinite(s.values))]
-        row["seed_sd"] = math.sqrt(float(np.mean(spread))) if spread else None   # per-seed sd of the main effect
-        pe = _paper_effect((paper or {}).get("points", {}).get(main.label), main)
-        row["paper_gap"] = main.region.gap(pe) if pe is not None and pe == pe else None
-        used = [v for c in comps for v in c.used]
-        row["uses"] = sorted({json.dumps({k: str(x) for k, x in v.keys.items()}, sort_keys=True) for v in used if v.keys})
-        tests = [v.min_test for v in used if v.min_test == v.min_test]
-        row["min_test"] = int(min(tests)) if tests else None
+        table = _table(claim, results, source, row)
+        j = judge(claim, table, source == "paper", None if source == "paper" else paper["points"],
+                  doc.get("paper_seeds", DEFAULT_PAPER_SEEDS))
+        _describe_judgement(row, j, paper)
+        verdict = j.verdict
         if source != "paper":
-            row["stand_in"] = ev.stand_in(claim.get("paper_datasets", doc.get("paper_datasets")))
-            row["absent"] = _absent_competitors(claim, ev)
+            row["stand_in"] = j.ev.stand_in(claim.get("paper_datasets", doc.get("paper_datasets")))
+            row["absent"] = sorted(set(_absent_competitors(claim, j.ev)) | {a for c in j.comps for a in c.absent})
             if verdict == "holds" and row["absent"]:
                 verdict = "partial"
-            if claim.get("by_design"):
-                verdict = "by design"
+            _robustness(row, claim, table, paper, verdict)
+            if claim.get("by_design"):       # shown, never counted; the quantity's own verdict stays visible
+                row["quantity_verdict"], verdict = verdict, "by design"
         row["verdict"] = verdict
     except NotRun as e:
         row["verdict"], row["evidence"] = "not run", str(e)
     return row
+
+
+def _describe_judgement(row: dict, j: Judgement, paper: dict | None) -> None:
+    """Fill a claim's row from its judgement: the effect shown (its main comparison), the interval, the cells,
+    the region and its bounds (for the forest plot), the per-seed spread, the paper's gap, the runs read."""
+    main, d = _main(j.comps, j.decisions)
+    row.update(effect=d.point, ci=d.ci, interval=d.interval_text(), method=d.method, seeds=d.seeds, mde=d.mde,
+               points={c.label: {"pooled": x.point, "cells": {s.name: s.point for s in c.cells}}
+                       for c, x in zip(j.comps, j.decisions)}, evidence=_evidence(j.comps, j.decisions),
+               region=str(main.region), bounds=main.region.boundary(),
+               cell_ci=[[n, list(c) if c is not None else None] for n, c in d.cell_ci.items()])
+    row["region_spec"] = {"op": main.region.op, "t": main.region.t, "lo": main.region.lo, "hi": main.region.hi,
+                          "null": main.region.null, "above": main.region.above}
+    row["cells"] = [{"cell": s.name, "effect": s.point, "seeds": s.n, "numbers": s.text} for s in main.cells]
+    spread = [float(np.var(s.values, ddof=1)) for s in main.cells
+              if s.values is not None and s.n >= 2 and np.all(np.isfinite(s.values))]
+    row["seed_sd"] = math.sqrt(float(np.mean(spread))) if spread else None   # per-seed sd of the main effect
+    pe = _paper_effect((paper or {}).get("points", {}).get(main.label), main)
+    row["paper_gap"] = main.region.gap(pe) if pe is not None and pe == pe else None
+    powers = [d.power for c, d in zip(j.comps, j.decisions) if not c.guard]
+    if powers and all(p is not None for p in powers):       # the claim needs every comparison (`pairs: any`: one)
+        row["power"] = 1 - float(np.prod([1 - p for p in powers])) if j.ev.c.get("pairs") == "any" \
+            else float(np.prod(powers))
+    used = [v for c in j.comps for v in c.used]
+    row["uses"] = sorted({json.dumps({k: str(x) for k, x in v.keys.items()}, sort_keys=True) for v in used if v.keys})
+    tests = [v.min_test for v in used if v.min_test == v.min_test]
+    row["min_test"] = int(min(tests)) if tests else None
+
+
+def _robustness(row: dict, claim: dict, table: pd.DataFrame, paper: dict | None, verdict: str) -> None:
+    """The same claim on the mean over the last tenth of the evaluations (ROBUST_COLUMN) instead of the best round,
+    where the table has it per seed and the claim reads the best-round column: `metric_sensitive` when a decided
+    verdict is not the same there."""
+    refs = [r for k in ("a", "b", "above", "below", "among", "exclude", "series", "num", "den", "value")
+            for r in _as_list(claim.get(k, []))]
+    if claim.get("column", "reproduced") != "reproduced" or any(isinstance(r, dict) and "column" in r for r in refs) \
+            or not {ROBUST_COLUMN, f"{ROBUST_COLUMN}_seeds"} <= set(table.columns) or claim.get("noise") == "none":
+        return
+    alt = {**claim, "column": ROBUST_COLUMN}
+    alt.pop("std", None)
+    try:
+        j = judge(alt, table, paper_points=None if paper is None else paper["points"])
+    except NotRun:
+        return
+    robust = "partial" if j.verdict == "holds" and row["absent"] else j.verdict
+    _, d = _main(j.comps, j.decisions)
+    row["robust_verdict"], row["robust_interval"] = robust, d.interval_text()
+    row["metric_sensitive"] = verdict in verdicts.DECIDED and robust != verdict
+
+
+def paper_check(claim: dict, paper_verdict: str) -> str:
+    """The sentence against the paper's own printed numbers, computed whenever claims are checked: '' when they
+    agree (or cannot be checked), else what disagrees."""
+    marked = claim.get("paper_inconsistent", "")
+    if paper_verdict == "fails":
+        return "the paper's own printed numbers contradict this sentence" + ("" if marked else " (not marked)")
+    if marked and paper_verdict == "holds":
+        return "marked inconsistent, yet the paper's printed numbers support the sentence"
+    return ""
 
 
 def check(results: Path | str | None = None, paper: str | None = None, source: str = "results") -> list[dict]:
@@ -990,11 +1152,11 @@ def _in_points(r: dict) -> bool:
 
 def power_at_three_seeds(rows: list[dict]) -> None:
     """A claim left without an interval (fewer than 3 seeds) is underpowered; what would 3 seeds detect? Its
-    detectable effect at 3 paired seeds, `mde3` = (t_.975,2 + t_.80,2) x sd / sqrt(3), with sd the median per-seed
+    detectable effect at 3 paired seeds, `mde3` = (t_.95,2 + t_.80,2) x sd / sqrt(3), with sd the median per-seed
     spread of the same paper's accuracy-difference claims that ran 3 or more seeds: an estimate for planning, never
     used to decide a verdict. Said in the row's evidence beside the paper's own effect."""
     from scipy import stats
-    factor = float((stats.t.ppf(0.975, 2) + stats.t.ppf(0.8, 2)) / math.sqrt(3))
+    factor = float((stats.t.ppf(1 - verdicts.ALPHA, 2) + stats.t.ppf(verdicts.POWER, 2)) / math.sqrt(3))
     for paper in {r["paper"] for r in rows}:
         mine = [r for r in rows if r["paper"] == paper and _in_points(r)]
         ref = [r["seed_sd"] for r in mine if r["seeds"] >= verdicts.MIN_SEEDS and r["seed_sd"] is not None]
@@ -1113,7 +1275,15 @@ def _flags(r: dict) -> list[str]:
     if r.get("stand_in"):
         out.append(f"on {'/'.join(r['stand_in'])} (a stand-in for the paper's datasets)")
     if r.get("by_design"):
-        out.append(f"by design: {r['by_design']}")
+        q = r.get("quantity_verdict")
+        out.append(f"by design: {r['by_design']}" + (f" (the quantity itself: {q})" if q else ""))
+    if r.get("power") is not None and r["verdict"] not in ("holds", "partial", "by design"):
+        out.append(f"power at the paper's own effect: {100 * r['power']:.0f} %")
+    if r.get("metric_sensitive"):
+        out.append(f"metric-sensitive: on the mean of the last tenth of the rounds it {r['robust_verdict']} "
+                   f"({r['robust_interval']})")
+    if r.get("paper_check"):
+        out.append(r["paper_check"])
     if r.get("group") and r["group"] != r["id"]:
         out.append(f"same runs as {r['group']}")
     return out

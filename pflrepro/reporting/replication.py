@@ -35,7 +35,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from . import claims, health
+from . import claims, forest, health, verdicts
 
 REPO_ROOT = claims.REPO_ROOT
 DVC_FILE = REPO_ROOT / "dvc.yaml"
@@ -246,6 +246,7 @@ def summarize(papers: dict[str, list[Stage]], rows: list[dict], docs: dict[str, 
             flagged = flagged_by_run(sts)
             out.append({"paper": paper, "title": PAPERS.get(paper, paper), "profile": prof, "stages": len(sts),
                         **_counts(mine), "claims": len(mine), "independent": claims.independent_tests(mine),
+                        "sensitive": sum(bool(r.get("metric_sensitive")) for r in mine),
                         "headline": claims.headline(mine) if any(r.get("headline") for r in mine) else "",
                         "compute_s": round(_distinct_wall(sts), 1) if prof != NOT_REPRODUCED else None,
                         "flagged": None if flagged is None else len(flagged),
@@ -271,12 +272,19 @@ def _md_table(header: list[str], rows: list[list]) -> str:
 
 
 def summary_markdown(summary: list[dict], link: bool = True) -> str:
-    head = ["paper", "profile", "stages", *claims.VERDICTS, "independent tests decided", "compute", "runs flagged",
-            "note"]
+    """The counts, one short row per paper and profile (each row's note follows in `notes_markdown`)."""
+    head = ["paper", "profile", "stages", *claims.VERDICTS, "independent tests decided", "metric-sensitive",
+            "compute", "runs flagged"]
     rows = [[f"[{s['title']}](#paper-{s['paper']})" if link else s["title"], s["profile"], s["stages"],
-             *(s[v] for v in claims.VERDICTS), s.get("independent", "—"), _duration(s["compute_s"]),
-             "—" if s.get("flagged") is None else s["flagged"], s["note"]] for s in summary]
+             *(s[v] for v in claims.VERDICTS), s.get("independent", "—"), s.get("sensitive", 0),
+             _duration(s["compute_s"]), "—" if s.get("flagged") is None else s["flagged"]] for s in summary]
     return _md_table(head, rows)
+
+
+def notes_markdown(summary: list[dict]) -> str:
+    """Each summary row's note (what the profile runs and what it found), as a list under the table."""
+    lines = [f"- **{s['title']}** ({s['profile']}): {s['note']}" for s in summary if s.get("note")]
+    return ("\n".join(lines) + "\n") if lines else ""
 
 
 def headline_markdown(summary: list[dict]) -> str:
@@ -377,9 +385,10 @@ def claims_markdown(rows: list[dict]) -> str:
             (f"<br>profile {r['profile']}" if r["profile"] else "") + "".join(f"<br>{f}" for f in claims._flags(r))
         ev = r["evidence"] + (f" — paper's own numbers: {r['paper_inconsistent']}" if r["paper_inconsistent"] else "") \
             + (f" — note: {r['note']}" if r["note"] else "")
-        table.append([r["verdict"], where, r["quote"], r.get("interval", ""), claims.paper_text(r), ev])
-    out.append(_md_table(["verdict", "claim", "quote", "effect [95 % CI]", "on the paper's numbers",
-                          "numbers that decided it"], table))
+        robust = f"{r['robust_verdict']}: {r['robust_interval']}" if r.get("robust_verdict") else "—"
+        table.append([r["verdict"], where, r["quote"], r.get("interval", ""), robust, claims.paper_text(r), ev])
+    out.append(_md_table(["verdict", "claim", "quote", f"effect [{verdicts.INTERVAL_NAME}]",
+                          "on the last tenth of the rounds", "on the paper's numbers", "numbers that decided it"], table))
     return "\n".join(out)
 
 
@@ -388,12 +397,12 @@ FORKING_PATHS = claims.CLAIMS_DIR / "forking_paths.yaml"
 
 def forking_paths(paper: str) -> list[dict]:
     """The paper's entries of the forking-path log (`paper_numbers/forking_paths.yaml`): mini settings chosen or
-    changed after results were seen."""
+    changed after results were seen, and those of every paper (`paper: all`: the decision rule)."""
     if not FORKING_PATHS.exists():
         return []
     doc = yaml.safe_load(FORKING_PATHS.read_text()) or []
     entries = doc.get("entries", []) if isinstance(doc, dict) else doc
-    return [e for e in entries if isinstance(e, dict) and e.get("paper") == paper]
+    return [e for e in entries if isinstance(e, dict) and e.get("paper") in (paper, "all")]
 
 
 def forking_markdown(paper: str) -> str:
@@ -435,6 +444,37 @@ def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: P
     return "\n".join(parts)
 
 
+RULE_TEXT = (
+    "Claims are the papers' own sentences about their results, checked on the reproduced tables "
+    "(`pflrepro/reporting/claims.py`, the statistics in `verdicts.py`). Each claim's effect (a difference, a margin "
+    "over the best competitor, a ratio, the ends of a series) is computed per seed, paired where the methods share a "
+    "seed's partition, and tested per cell with a paired t test over the seeds (never below the variance the test "
+    "images alone give an accuracy: a spread of 0 is not certainty). **holds**: the one-sided 95 % bound on the "
+    "claimed side clears the claim's boundary in every cell and every comparison the claim makes (a band: the whole "
+    f"interval inside it); the interval shown is the {verdicts.INTERVAL_NAME} whose ends are those bounds. "
+    "**partial**: holds, but some of the paper's competitors did not run (or ran blank); **fails**: one cell or "
+    "comparison is against the claim at 5 % divided by the number of such tests (Holm); **inconclusive**: neither, "
+    "although this profile could have detected the paper's own effect; **underpowered**: neither, and the minimum "
+    "detectable effect (80 % power) exceeds the paper's effect, or a cell has no interval (fewer than 3 seeds: no "
+    "verdict from an assumed noise); **by design**: a quantity fixed by construction, shown with its own result and "
+    "never counted; **not run**. At each claim's boundary P(holds) and P(fails) are each at most 5 %, measured by "
+    "simulation for every claim shape used (`benchmarks/bench_calibration.py`, docs/evidence.md \"Calibrated "
+    "verdicts\"). *metric-sensitive*: a decided verdict that is not the same on the mean of the last tenth of the "
+    "rounds (the tables score the best round, which favours a noisier curve). *Independent tests*: claims read from "
+    "the same runs count once. A profile other than `paper` runs smaller settings on offline stand-in data: its "
+    "verdicts speak about trends there, not about the paper's numbers. Compute: the wall time of the distinct runs "
+    "the outputs used.\n")
+
+
+def forests_markdown(papers: dict, out_dir: Path) -> str:
+    """'Verdicts at a glance': each paper's forest plot (written by write_report into out_dir)."""
+    figs = [(p, out_dir / f"forest_{p}.png") for p in papers if (out_dir / f"forest_{p}.png").exists()]
+    if not figs:
+        return ""
+    return "### Verdicts at a glance\n\n" + "\n".join(
+        f"[{PAPERS.get(p, p)}](#paper-{p})\n\n![{PAPERS.get(p, p)}: claims]({path.name})\n" for p, path in figs)
+
+
 def _git_now() -> str:
     from ..pipeline.store import git_commit
     g = git_commit()
@@ -448,24 +488,12 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
     parts = ["# Reproduction report\n",
              f"Generated {now} by `python -m pflrepro report` (code at {_git_now()}) from `{results_root}`.\n",
              "## Summary\n",
-             "Claims are the papers' own sentences about their results, checked on the reproduced tables "
-             "(`pflrepro/reporting/claims.py`, the statistics in `verdicts.py`). Each claim's effect (a difference, "
-             "a margin over the best competitor, a ratio, the ends of a series) is computed per seed, paired where "
-             "the methods share a seed's partition, pooled over the cells the claim spans, with a 95 % interval by a "
-             "stratified bootstrap over seeds (`scipy.stats.bootstrap`; with 3 seeds that interval is the seeds' "
-             "range: every seed must agree). **holds**: the interval lies on the claimed side (a magnitude: and "
-             "is consistent with it); **partial**: holds, but some of the paper's competitors did not run; **fails**: "
-             "the interval lies on the other side, or one cell is decidedly against an 'all' claim (Bonferroni); "
-             "**inconclusive**: it straddles although this profile could have detected the paper's own effect; "
-             "**underpowered**: it straddles and the minimum detectable effect (paired t, 80 % power) exceeds the "
-             "paper's effect, or there is no interval (fewer than 3 seeds: no verdict from an assumed noise); "
-             "**by design**: a quantity fixed by construction (exact byte counts, the simulated clock), shown and "
-             "never counted as support; **not run**. *Independent tests*: claims read from the same runs count once. "
-             "A profile other than `paper` runs smaller settings on offline stand-in data: its verdicts speak about "
-             "trends there, not about the paper's numbers. Compute: the wall time of the distinct runs the outputs "
-             "used.\n",
+             RULE_TEXT,
              summary_markdown(summary),
              headline_markdown(summary),
+             forests_markdown(papers, out_dir),
+             "### What each profile runs, and what it found\n",
+             notes_markdown(summary),
              "Against independent implementations: baselines the papers share were trained beside PFLlib's own code "
              "on one identical setting and three paired seeds (`scripts/crosscheck/pfllib.py`, which lists them; the "
              "table and what it can resolve: docs/evidence.md, \"Eight baselines against PFLlib\" and the methods "
@@ -536,6 +564,10 @@ def write_report(results_root: Path, figures_root: Path, out_dir: Path) -> dict:
     papers = {p: [load_stage(n, p, results_root, figures_root) for n in names]
               for p, names in expected_stages(results_root, docs).items()}
     summary = summarize(papers, rows, {d["paper"]: d for d in docs})
+    for p in papers:
+        path = out_dir / f"forest_{p}.png"
+        if not forest.save([r for r in rows if r["paper"] == p], PAPERS.get(p, p), path) and path.exists():
+            path.unlink()
     md = report_markdown(papers, rows, summary, results_root, out_dir,
                          {d["paper"]: d.get("scale_notes") or {} for d in docs})
     paths = {"markdown": out_dir / "report.md", "html": out_dir / "report.html",
@@ -543,7 +575,8 @@ def write_report(results_root: Path, figures_root: Path, out_dir: Path) -> dict:
     paths["markdown"].write_text(md)
     paths["html"].write_text(to_html(md, out_dir))
     pd.DataFrame(summary).to_csv(paths["summary_csv"], index=False)
-    paths["summary_md"].write_text("# Reproduction summary\n\n" + summary_markdown(summary, link=False))
+    paths["summary_md"].write_text("# Reproduction summary\n\n" + summary_markdown(summary, link=False) + "\n"
+                                   + notes_markdown(summary))
     stages = {st.name: (st.profile if st.exists else NOT_REPRODUCED) for sts in papers.values() for st in sts}
     return {**paths, "summary": summary, "claims": rows, "stages": stages}
 
@@ -561,7 +594,7 @@ def readme_with_summary(readme: str, summary: list[dict], stamp: str) -> str:
     _, tail = rest.split(README_END)
     top = headline_markdown(summary)
     return (f"{head}{README_START}\n{summary_markdown(summary, link=False)}\n" + (f"{top}\n" if top else "")
-            + f"{stamp}\n{README_END}{tail}")
+            + f"{notes_markdown(summary)}\n{stamp}\n{README_END}{tail}")
 
 
 def verdict_metrics(summary: list[dict]) -> dict:
@@ -575,6 +608,7 @@ def verdict_metrics(summary: list[dict]) -> dict:
         key = f"{row['paper']} ({row['profile']})" if several or row["profile"] == NOT_REPRODUCED else row["paper"]
         out[key] = {"profile": row["profile"], **{v.replace(" ", "_"): row[v] for v in claims.VERDICTS},
                     "claims": row["claims"], "independent_tests": row.get("independent"),
+                    "metric_sensitive": row.get("sensitive", 0),
                     "runs_flagged": row["flagged"]}
     return out
 

@@ -44,19 +44,58 @@ def paper_setting(setting: str, dataset: str) -> str:
 
 
 def tidy(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
-    """{(method, setting, seed): RunResult} -> one row per run with best / last-10 / final scores, its largest
-    training-loss spike (pflrepro.reporting.health: ratio, round; nan / empty for none) and its health flags ('' = none)."""
+    """{(method, setting, seed): RunResult} -> one row per run with best / last-10 / final scores, the mean over the
+    last tenth of its evaluations (`last_tenth`: the metric-robustness check of the claims ledger), its largest
+    training-loss spike (pflrepro.reporting.health: ratio, round; nan / empty for none), its health flags ('' = none),
+    its smallest client test set and the effective number of test images behind `metric` (`test_n`)."""
     rows = []
     for (method, setting, seed), r in results.items():
         spike, at = health.loss_spike([h.get("train_loss", float("nan")) for h in r.history])
         row = {"method": method, "dataset": r.config.dataset, "setting": paper_setting(setting, r.config.dataset),
                "seed": seed,
                "best": score(r, metric, "best"), "last10": score(r, metric, "last_mean"),
-               "final": score(r, metric, "final"), "best_round": r.summary[metric]["best_round"],
+               "final": score(r, metric, "final"), "last_tenth": last_tenth(r.history, metric),
+               "best_round": r.summary[metric]["best_round"],
                "loss_spike": round(spike, 3), "spike_round": r.history[at]["round"] if at is not None else None}
         row["health"] = "; ".join(health.warnings(spike, row["best"], row["final"]))
-        rows.append({**row, "min_test": min_test(r.path), "wall_s": r.provenance["wall_seconds"], "run": r.path.name})
+        rows.append({**row, "min_test": min_test(r.path), "test_n": effective_test_n(r.path, metric, getattr(r.config, "pool", "train")),
+                     "wall_s": r.provenance["wall_seconds"], "run": r.path.name})
     return pd.DataFrame(rows)
+
+
+def last_tenth(history: list[dict], metric: str = "pm_acc_mean") -> float:
+    """The mean of `metric` (in %) over the last tenth of a run's evaluations (at least one): a score without the
+    best round's selection over noisy rounds, which favours a noisier curve."""
+    vals = [h.get(metric, float("nan")) for h in history]
+    if not vals:
+        return float("nan")
+    k = max(1, -(-len(vals) // 10))
+    return 100.0 * float(np.mean(vals[-k:]))
+
+
+def effective_test_n(run_path: Path, metric: str = "pm_acc_mean", pool: str = "train") -> float:
+    """The effective number of test images behind one score of `metric`: an accuracy over them has the binomial
+    variance p (1 - p) / test_n. For the mean over K clients of each client's accuracy (n_k test images each):
+    K^2 / sum(1 / n_k); weighted by training-set shares w_k: 1 / sum(w_k^2 / n_k); the global model on the union of
+    the local test sets (`pool: train+test`): sum(n_k). nan where the stored partition does not tell (the global
+    model on the official test set, or no stored partition): the claims ledger then knows no test-set floor."""
+    try:
+        sizes = _split_sizes(str(run_path))
+    except (OSError, ValueError, TypeError):
+        return float("nan")
+    n = np.array(sizes["test"], dtype=np.float64)
+    w = np.array(sizes["train"], dtype=np.float64)
+    ok = n > 0
+    if not ok.any():
+        return float("nan")
+    if metric == "pm_acc_mean":
+        return float(ok.sum() ** 2 / np.sum(1.0 / n[ok]))
+    if metric == "pm_acc_weighted" and len(w) == len(n) and w[ok].sum() > 0:
+        share = w[ok] / w[ok].sum()
+        return float(1.0 / np.sum(share ** 2 / n[ok]))
+    if metric == "gm_acc" and "test" in str(pool):
+        return float(n.sum())
+    return float("nan")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -103,6 +142,11 @@ def compare(runs: pd.DataFrame, paper: pd.DataFrame | None, on=("method", "setti
         out["repro_seeds"] = seed_values(runs, on, value)
     if "min_test" in runs.columns:
         out["min_test"] = g["min_test"].min().to_numpy()
+    if "test_n" in runs.columns:        # the fewest effective test images of a seed: the claims' test-set floor
+        out["test_n"] = g["test_n"].min().to_numpy()
+    if "last_tenth" in runs.columns and "seed" in runs.columns:   # the claims' metric-robustness reading
+        out["last_tenth"] = g["last_tenth"].mean().to_numpy()
+        out["last_tenth_seeds"] = seed_values(runs, on, "last_tenth")
     if paper is not None:
         p = paper.rename(columns={"value": "paper", "std": "paper_std"})
         if "paper_std" not in p.columns:  # papers that print single numbers (DC-PFL)
@@ -398,8 +442,8 @@ def banner(profile: str, dataset: str, note: str = "", seeds=None) -> str:
     return s + (f" | {note}" if note else "")
 
 
-MACHINE_COLUMNS = ("repro_seeds", "min_test")   # in the CSV for the claims checker, not in the markdown a reader
-# sees; so is every `<column>_seeds` (each seed's value of a column: `over_seeds`)
+MACHINE_COLUMNS = ("repro_seeds", "min_test", "test_n", "last_tenth")   # in the CSV for the claims checker, not in
+# the markdown a reader sees; so is every `<column>_seeds` (each seed's value of a column: `over_seeds`)
 _COUNTS = re.compile(r"(^|_)(rank|seeds|rounds?|clients|runs|epochs|evaluations)$")
 
 

@@ -1,40 +1,45 @@
-"""Verdicts from measured uncertainty: intervals over paired seeds, power, and the decision rule (issue 31).
+"""Verdicts whose error rates are measured: intervals over paired seeds and the decision rule (issues 31, 51).
 
 A claim's form (`claims.py`) turns a table into one or more *comparisons*, each an effect per cell of the table
-(a difference, a margin over the best competitor, a ratio, the ends of a series...) computed PER SEED where the
-values carry their seeds (seed s draws one partition and one initialisation for every method, so the effect is
-paired), and a claimed *region* for that effect (`a > b`: effect > 0; "by 1.22 %": within 1.22 ± tolerance and
-above 0). This module decides a comparison:
+(a difference, a ratio, the ends of a series...) computed PER SEED where the values carry their seeds (seed s draws
+one partition and one initialisation for every method, so the effect is paired), and a claimed *region* for that
+effect (`a > b`: effect > 0; "within 0.9": effect in [-0.9, 0.9]). This module decides a comparison.
 
-1. **Interval.** A 95 % confidence interval for the effect pooled over the claim's cells (the mean over cells of
-   each cell's mean over seeds), by a stratified percentile bootstrap over seeds: `scipy.stats.bootstrap` with one
-   sample per cell (each cell's seeds resampled within the cell), 9,999 resamples, a fixed generator (the same
-   table always gives the same interval). Cells with fewer than MIN_SEEDS = 3 seeds are left out of the pool; a
-   comparison with no such cell gets no interval. Values without per-seed entries (a table column that only has a
-   mean ± std over n seeds, or the papers' printed mean ± std over `paper_seeds`) get a t interval from the
-   delta-method standard error (`scipy.stats.t`), unpaired, which is wider. Exact quantities (`noise: none`:
-   bytes, MACs) are their own interval.
-   With 3 seeds a percentile bootstrap interval of a mean is the range of the seeds' effects: a claim holds
-   only when every seed agrees, fails only when every seed is against it. It undercovers at so few seeds;
-   more seeds or cells narrow it.
-2. **Region.** holds: the interval lies inside the claimed region (for a magnitude: on the claimed side of the
-   null AND overlapping the claimed magnitude ± tolerance); fails: it lies outside (on the other side, or
-   excluding the claimed magnitude); otherwise it straddles.
-3. **Cells.** `all` (the default quantifier) also needs every cell's own estimate on the claimed side to hold (a
-   magnitude: every cell's interval consistent with it), and
-   checks each cell alone at the Bonferroni level 1 - 0.05 / k: one cell decidedly against the claim fails it. `most` is the pooled interval alone (the average effect);
-   `any` holds when one cell holds at the Bonferroni level, fails when the pooled interval is against and no cell
-   holds.
-4. **Power.** A straddling comparison is *underpowered* when the minimum detectable effect at this profile's seeds
-   and spread, MDE = (t_{0.975, df} + t_{0.80, df}) * SE (a paired t test at 80 % power; SE the pooled standard
-   error of the effect, df the seeds' degrees of freedom), exceeds the paper's own effect's distance from the
-   null (the same comparison on the paper's printed numbers), and *inconclusive* otherwise: the profile could have
-   seen the paper's effect and did not decide. No interval (fewer than 3 seeds): underpowered.
+1. **A test per cell, at the seeds it has.** A cell's per-seed effects give a t interval with n - 1 degrees of
+   freedom (`t_interval`). Its variance is the seeds' variance, but never below the cell's *floor*: the variance
+   that the test images alone put on one seed's effect (an accuracy is a count over n test images; the floor is
+   the smallest binomial variance consistent with the values, `floor_variance`), so three seeds that happen to agree
+   exactly do not make a spread of zero, and a one-test-image gain on every seed is not certainty. A cell whose
+   seeds agree exactly and that has no floor (a discrete quantity of unknown resolution) gets no interval. A cell
+   with a seed that never reached a target (an infinite effect, `missing: worst`) is tested by signs alone: the
+   distribution-free interval of its median (`sign_interval`; 3 seeds cannot make one, 5 can). Values without
+   per-seed entries (a mean ± std over n seeds: a paper's printed numbers) get a Welch t interval from the
+   delta-method standard error, and only when every value has at least MIN_SEEDS seeds. Exact quantities
+   (`noise: none`) are their own interval.
+2. **One-sided tests at ALPHA = 5 % a side.** A comparison *holds* when the one-sided (1 - alpha) bound on the
+   claimed side clears the region (for a band, TOST: both bounds inside it), and *fails* when the bound on the
+   other side lies outside it. The interval shown is therefore the two-sided 90 % interval whose ends are those
+   bounds, and at the claim's boundary each of "holds" and "fails" happens at most 5 % of the time: measured,
+   for every claim shape the claims files use, by `benchmarks/bench_calibration.py` (docs/evidence.md,
+   "Calibrated verdicts"; `tests/test_calibration.py` runs a fast version).
+3. **Cells and families.** `all` (the default quantifier) holds only when EVERY cell holds at alpha
+   (intersection-union: no correction needed) and a cell without an interval (fewer than MIN_SEEDS seeds, zero
+   spread) blocks it; it fails when one cell is against at the family-wise level (Holm over the cells and over
+   the claim's other comparisons; for "is any rejected" Holm's first step, alpha / m, decides). `most` tests the
+   mean over cells (per seed over the seeds every cell shares, else Welch over the cells' means). `any` holds
+   when one cell holds at alpha / k (Bonferroni) and fails when every cell is against. A claim made of several
+   comparisons (a `best` claim: one per competitor) holds when every one holds and fails when one is against at
+   alpha / (the claim's number of such tests): the levels are set by `claims.py` (`hold_alpha`, `fail_alpha`).
+4. **Power.** A comparison that neither holds nor fails is *underpowered* when the minimum detectable effect at
+   this profile's seeds and spread, MDE = (t_{1-alpha, df} + t_{POWER, df}) * SE, exceeds the paper's own
+   effect's distance from the boundary (the same comparison on the paper's printed numbers), and *inconclusive*
+   otherwise: the profile could have seen the paper's effect and did not decide. No interval: underpowered.
 
 Nothing here reads files or knows about papers: numbers in, a `Decision` out.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -45,10 +50,10 @@ VERDICTS = ("holds", "partial", "fails", "inconclusive", "underpowered", "by des
 SUPPORT = ("holds", "partial")          # verdicts that count as support for the paper
 DECIDED = ("holds", "partial", "fails")
 MIN_SEEDS = 3
-CONFIDENCE = 0.95
+ALPHA = 0.05              # per side: P(holds) and P(fails) at a claim's boundary, each at most this
+CONFIDENCE = 1 - 2 * ALPHA    # the interval shown: its ends are the one-sided (1 - ALPHA) bounds
 POWER = 0.80
-N_RESAMPLES = 9999
-_RNG_SEED = 0
+INTERVAL_NAME = "90 % CI"     # what the report calls the interval shown (one-sided 95 % bounds)
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,9 @@ class Region:
         return f"in [{_fmt(self.lo)}, {_fmt(self.hi)}]{side}"
 
     def side(self, lo: float, hi: float) -> str:
-        """'in', 'out' or 'straddle' for an interval [lo, hi] of the effect."""
+        """'in', 'out' or 'straddle' for an interval [lo, hi] of the effect. A band is 'in' only when the whole
+        interval lies inside it (equivalence, two one-sided tests) and 'out' only when the whole interval lies
+        outside it."""
         if lo != lo or hi != hi:
             return "straddle"
         if self.op == ">":
@@ -89,19 +96,39 @@ class Region:
                 return "out"
             if not ((lo > self.null) if above else (hi < self.null)):
                 return "straddle"
-        return "in"
+        return "in" if self.lo <= lo and hi <= self.hi else "straddle"
+
+    def inside(self, effect: float) -> float:
+        """How far an effect lies inside the region, from its nearest boundary (<= 0: outside)."""
+        if self.op in (">", ">="):
+            return effect - self.t
+        if self.op in ("<", "<="):
+            return self.t - effect
+        d = min(effect - self.lo, self.hi - effect)
+        if self.null is not None:
+            d = min(d, (effect - self.null) if self.above else (self.null - effect))
+        return d
 
     def gap(self, effect: float) -> float:
         """How far an effect is from the boundary the claim must clear (what a test must be able to detect)."""
         if self.op == "band":
-            return abs(effect - self.null) if self.null is not None else (self.hi - self.lo) / 2
+            inside = min(effect - self.lo, self.hi - effect)
+            return max(inside, 0.0) if inside == inside else float("nan")
         return abs(effect - self.t)
+
+    def boundary(self) -> list[float]:
+        """The values the claim's boundary runs through (for plots and the calibration benchmark)."""
+        if self.op != "band":
+            return [self.t]
+        return [x for x in (self.lo, self.hi) if math.isfinite(x)]
 
 
 @dataclass
 class Sample:
-    """One cell's effect: per-seed values (paired), or a point with a standard error (from a mean ± std over
-    `n` seeds: the papers' printed numbers, or a column without per-seed entries), or an exact point."""
+    """One cell's effect: per-seed values (paired; `seeds` names them, so that cells pair by seed), or a point with
+    a standard error (from a mean ± std over `n_seeds` seeds: the papers' printed numbers, or a column without
+    per-seed entries), or an exact point. `floor`: the smallest variance one seed's effect can have (test-set
+    sampling), 0 when unknown."""
     name: str
     point: float
     values: np.ndarray | None = None      # per-seed effects
@@ -109,24 +136,31 @@ class Sample:
     df: float | None = None               # its degrees of freedom
     exact: bool = False
     text: str = ""
+    seeds: tuple | None = None            # the seed of each of `values`
+    floor: float = 0.0                    # per-seed variance floor of the effect (test images), in its units squared
+    n_seeds: int | None = None            # with `se`: the fewest seeds behind a value
 
     @property
     def n(self) -> int:
-        return 0 if self.values is None else int(len(self.values))
+        if self.values is not None:
+            return int(len(self.values))
+        return int(self.n_seeds or 0)
 
 
 @dataclass
 class Decision:
     verdict: str                           # holds / fails / inconclusive / underpowered
     point: float                           # the pooled effect (mean over cells of each cell's mean)
-    ci: tuple[float, float] | None         # its 95 % interval (None: no interval)
+    ci: tuple[float, float] | None         # its 90 % interval (ends: the one-sided 95 % bounds); None: no interval
     method: str                            # how the interval was made
-    seeds: int                             # the fewest seeds of a cell in the pool (0: none per seed)
+    seeds: int                             # the fewest seeds of a cell (0: none per seed)
     mde: float | None = None               # minimum detectable effect (80 % power)
-    cells_against: list = field(default_factory=list)   # cells decidedly against (Bonferroni)
-    cells_for: list = field(default_factory=list)
-    left_out: list = field(default_factory=list)          # cells with fewer than MIN_SEEDS seeds
+    cells_against: list = field(default_factory=list)   # cells against the claim at the family-wise level
+    cells_for: list = field(default_factory=list)       # cells for it at the level a holding claim needs
+    left_out: list = field(default_factory=list)        # cells without an interval (too few seeds, zero spread)
     why: str = ""
+    cell_ci: dict = field(default_factory=dict)         # cell name -> its own 90 % interval (None: none)
+    power: float | None = None             # P(it holds) were the true effect the paper's own, at this spread
 
     def interval_text(self) -> str:
         if self.ci is None:
@@ -142,128 +176,267 @@ def _fmt(x: float) -> str:
     return f"{x:.2f}" if abs(x) >= 10 else f"{x:.3g}"
 
 
+@functools.lru_cache(maxsize=4096)
+def t_quantile(q: float, df: float) -> float:
+    """stats.t.ppf(q, df), remembered (a claims check asks for the same few quantiles thousands of times)."""
+    return float(stats.t.ppf(q, df))
+
+
+@functools.lru_cache(maxsize=1024)
+def _sign_rank(n: int, alpha: float) -> int:
+    r = 0
+    while r < n and stats.binom.cdf(r, n, 0.5) <= alpha:
+        r += 1
+    return r
+
+
+# ------------------------------------------------------------------ test-set sampling
+def floor_variance(kind: str, means: list[float], n_test: list[float], scale: float = 100.0) -> float:
+    """The smallest variance that the test images alone give one seed's effect, in the effect's units squared.
+    Accuracies are in % (`scale` 100) over `n_test` effective test images (for a mean over clients of each
+    client's accuracy: K^2 / sum(1 / n_k)). `kind`:
+    - 'value' (one accuracy p): p (1 - p) / n;
+    - 'diff' (a - b): the two models' disagreements on the test images are at least |a - b| of them, so the
+      variance of the difference is at least (|d| - d^2) / n (with n the smaller of the two; on disjoint test sets it
+      is larger still: p_a q_a / n_a + p_b q_b / n_b >= (|d| - d^2) / n);
+    - 'ratio' (a / b): the difference's floor over b^2.
+    0 when any `n_test` is unknown (no floor)."""
+    if not n_test or any(not (n == n and n > 0) for n in n_test):
+        return 0.0
+    p = [m / scale for m in means]
+    n = min(n_test)
+    if kind == "value":
+        return scale ** 2 * max(p[0] * (1 - p[0]), 0.0) / n
+    d = abs(p[0] - p[1])
+    var = max(d - d * d, 0.0) / n
+    if kind == "diff":
+        return scale ** 2 * var
+    if kind == "ratio":
+        return var / p[1] ** 2 if p[1] else 0.0
+    raise ValueError(f"floor_variance: unknown kind {kind!r}")
+
+
 # ------------------------------------------------------------------ intervals
-def _mean_of_means(*xs, axis=-1):
-    return np.mean([np.mean(x, axis=axis) for x in xs], axis=0)
+def sign_interval(values: np.ndarray, alpha: float = ALPHA) -> tuple[float, float]:
+    """The distribution-free interval of the median whose ends are one-sided (1 - alpha) bounds: order statistics
+    r and n + 1 - r with P(Binomial(n, 1/2) <= r - 1) <= alpha (the sign test's interval). Infinite values (a
+    target never reached) are ordered like any other. With n too small for any r: (-inf, inf)."""
+    x = np.sort(np.asarray(values, dtype=np.float64))
+    n = len(x)
+    r = _sign_rank(n, alpha)
+    if r == 0:
+        return -math.inf, math.inf
+    return float(x[r - 1]), float(x[n - r])
 
 
-def bootstrap_ci(samples: list[np.ndarray], confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Stratified percentile bootstrap of the mean over cells of each cell's mean (one array of per-seed effects
-    a cell; each resampled within itself), by scipy.stats.bootstrap with a fixed generator."""
-    arrays = [np.asarray(s, dtype=np.float64) for s in samples]
-    point = float(_mean_of_means(*arrays))
-    if all(np.ptp(a) == 0 for a in arrays if np.all(np.isfinite(a))) and all(np.all(np.isfinite(a)) for a in arrays):
-        return point, point                        # no spread: the bootstrap distribution is one point
-    if not all(np.all(np.isfinite(a)) for a in arrays):   # a never-reached target counted as worst (±inf)
-        lows = [np.min(a) for a in arrays]
-        highs = [np.max(a) for a in arrays]
-        return float(np.mean(lows)), float(np.mean(highs))
-    res = stats.bootstrap(tuple(arrays), _mean_of_means, n_resamples=N_RESAMPLES, confidence_level=confidence,
-                          method="percentile", vectorized=True, rng=np.random.default_rng(_RNG_SEED))
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+def _spread(s: Sample) -> tuple[float, float] | tuple[None, str]:
+    """(variance of one seed's effect, df) of a per-seed sample, or (None, why not)."""
+    if s.n < MIN_SEEDS:
+        return None, f"{s.n} seed{'s' if s.n != 1 else ''} (an interval needs {MIN_SEEDS})"
+    var = max(float(np.var(s.values, ddof=1)), float(s.floor or 0.0))
+    if var <= 0:
+        return None, f"no spread over {s.n} seeds and no known test-set resolution (zero spread is not certainty)"
+    return var, s.n - 1.0
 
 
-def pooled_se(samples: list[Sample]) -> tuple[float, float]:
-    """Standard error of the pooled effect and its degrees of freedom: from the per-seed spread (std with ddof 1
-    over n seeds, df n - 1 per cell) or from each sample's own se and df."""
+def cell_interval(s: Sample, alpha: float = ALPHA) -> tuple[tuple[float, float] | None, str]:
+    """A cell's interval whose ends are one-sided (1 - alpha) bounds, and how it was made (or why there is none)."""
+    if s.exact:
+        return (s.point, s.point), "exact"
+    if s.values is not None:
+        v = np.asarray(s.values, dtype=np.float64)
+        if s.n >= MIN_SEEDS and not np.all(np.isfinite(v)):
+            return sign_interval(v, alpha), f"sign test ({s.n} seeds, a target never reached)"
+        var, df = _spread(s)
+        if var is None:
+            return None, df
+        h = t_quantile(1 - alpha, df) * math.sqrt(var / s.n)
+        floor = " (test-set floor)" if s.floor and s.floor >= float(np.var(v, ddof=1)) else ""
+        return (s.point - h, s.point + h), f"paired t over {s.n} seeds{floor}"
+    if s.se is not None and s.se == s.se:
+        if s.n < MIN_SEEDS:
+            return None, f"a mean ± std over {s.n} seed{'s' if s.n != 1 else ''} (an interval needs {MIN_SEEDS})"
+        if s.se == 0:
+            return None, "a mean ± std with no spread"
+        h = t_quantile(1 - alpha, max(s.df or 1.0, 1.0)) * s.se
+        return (s.point - h, s.point + h), "Welch t from mean ± std (unpaired)"
+    return None, "no per-seed values and no spread"
+
+
+def pool(samples: list[Sample]) -> tuple[Sample | None, str]:
+    """The mean over cells as one sample: per seed over the seeds every cell has (cells pair by seed: seed s of
+    every cell drew from the same generator), else Welch over the cells' own means and spreads. None (and why)
+    when a cell has no interval of its own."""
+    if len(samples) == 1:
+        return samples[0], ""
     k = len(samples)
-    var, df = 0.0, 0.0
-    for s in samples:
-        if s.values is not None and s.n >= 2:
-            if not np.all(np.isfinite(s.values)):   # a never-reached target (inf): no spread to size a test with
-                continue
-            var += float(np.var(s.values, ddof=1)) / s.n
-            df += s.n - 1
-        elif s.se is not None:
-            var += s.se ** 2
-            df += s.df or 0.0
-    return math.sqrt(var) / k, df
-
-
-def t_ci(samples: list[Sample], confidence: float = CONFIDENCE) -> tuple[float, float]:
     point = float(np.mean([s.point for s in samples]))
-    se, df = pooled_se(samples)
-    if se == 0:
-        return point, point
-    h = float(stats.t.ppf(0.5 + confidence / 2, max(df, 1.0))) * se
-    return point - h, point + h
-
-
-def mde(samples: list[Sample], confidence: float = CONFIDENCE, power: float = POWER) -> float | None:
-    """Minimum detectable effect of the pooled comparison: (t_{1-alpha/2, df} + t_{power, df}) * SE."""
-    se, df = pooled_se(samples)
-    if df < 1:
-        return None
-    return float((stats.t.ppf(0.5 + confidence / 2, df) + stats.t.ppf(power, df)) * se)
-
-
-def interval(samples: list[Sample], confidence: float = CONFIDENCE) -> tuple[tuple[float, float] | None, str]:
-    """The interval of the pooled effect over `samples` and how it was made; None when there is none."""
-    if not samples:
-        return None, ""
     if all(s.exact for s in samples):
-        p = float(np.mean([s.point for s in samples]))
-        return (p, p), "exact"
-    if all(s.values is not None for s in samples):
-        return bootstrap_ci([s.values for s in samples], confidence), \
-            f"stratified bootstrap over seeds ({min(s.n for s in samples)}+ seeds, {len(samples)} cell(s))"
-    if all(s.se is not None and s.se == s.se for s in samples):
-        return t_ci(samples, confidence), "t interval from mean ± std (unpaired)"
-    return None, ""
+        return Sample("pooled", point, exact=True), ""
+    per_seed = [s for s in samples if s.values is not None and not s.exact]
+    if len(per_seed) == k and all(s.seeds is not None for s in samples):
+        common = sorted(set.intersection(*(set(s.seeds) for s in samples)))
+        if len(common) >= MIN_SEEDS:
+            idx = [{sd: i for i, sd in enumerate(s.seeds)} for s in samples]
+            vals = np.array([np.mean([s.values[ix[sd]] for s, ix in zip(samples, idx)]) for sd in common])
+            return Sample("pooled", float(np.mean(vals)), values=vals, seeds=tuple(common),
+                          floor=sum(s.floor for s in samples) / k ** 2), ""
+    var, num, den = 0.0, 0.0, 0.0
+    for s in samples:
+        if s.exact:
+            continue
+        if s.values is not None:
+            if not np.all(np.isfinite(s.values)):
+                return None, f"{s.name}: a target never reached (signs only, and the cells share no seeds)"
+            v, df = _spread(s)
+            if v is None:
+                return None, f"{s.name}: {df}"
+            v /= s.n
+        elif s.se is not None and s.se == s.se and s.n >= MIN_SEEDS:
+            v, df = s.se ** 2, max(s.df or 1.0, 1.0)
+        else:
+            return None, f"{s.name}: no interval"
+        var += v / k ** 2
+        num += v / k ** 2
+        den += (v / k ** 2) ** 2 / df
+    if var == 0:
+        return Sample("pooled", point, exact=True), ""
+    return Sample("pooled", point, se=math.sqrt(var), df=num ** 2 / den if den else 1.0,
+                  n_seeds=min(s.n for s in samples if not s.exact)), ""
+
+
+def standard_error(s: Sample) -> tuple[float, float] | None:
+    """(SE of the sample's mean, df), or None without one."""
+    if s.exact:
+        return 0.0, math.inf
+    if s.values is not None:
+        if not np.all(np.isfinite(s.values)):
+            return None
+        var, df = _spread(s)
+        return None if var is None else (math.sqrt(var / s.n), df)
+    if s.se is not None and s.se == s.se and s.n >= MIN_SEEDS:
+        return s.se, max(s.df or 1.0, 1.0)
+    return None
+
+
+def mde(s: Sample, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """Minimum detectable effect of a one-sided test at level alpha with the given power:
+    (t_{1-alpha, df} + t_{power, df}) * SE."""
+    se = standard_error(s)
+    if se is None or se[0] == 0 or se[1] < 1:
+        return None
+    return float((t_quantile(1 - alpha, se[1]) + t_quantile(power, se[1])) * se[0])
+
+
+def power(s: Sample, inside: float, alpha: float = ALPHA) -> float | None:
+    """P(a one-sided test at alpha clears the boundary) when the true effect lies `inside` beyond it, at the sample's
+    spread: the noncentral t's tail (for a band, the nearer edge's test alone: an upper bound of TOST's power)."""
+    se = standard_error(s)
+    if se is None or inside is None or inside != inside:
+        return None
+    if se[0] == 0:
+        return 1.0 if inside > 0 else 0.0
+    if inside <= 0:
+        return None
+    tc = t_quantile(1 - alpha, se[1])
+    return float(stats.nct.sf(tc, se[1], inside / se[0])) if math.isfinite(se[1]) else \
+        float(stats.norm.sf(tc - inside / se[0]))
+
+
+def _power(samples: list[Sample], pooled: Sample | None, region: Region, quantifier: str, paper_effect, a_hold):
+    """The comparison's power at the paper's own effect: every cell must hold (`all`: the product of the cells'),
+    the pool (`most`), or one cell at alpha / k (`any`)."""
+    if paper_effect is None or paper_effect != paper_effect:
+        return None
+    inside = region.inside(paper_effect)
+    if quantifier == "most":
+        return power(pooled, inside, a_hold) if pooled is not None else None
+    ps = [power(s, inside, a_hold) for s in samples]
+    if any(p is None for p in ps):
+        return None
+    if quantifier == "any":
+        return 1.0 - float(np.prod([1.0 - p for p in ps]))
+    return float(np.prod(ps))
 
 
 # ------------------------------------------------------------------ decisions
+def default_levels(quantifier: str, k: int, guard: bool = False) -> tuple[float, float]:
+    """(hold_alpha, fail_alpha) of one comparison over k cells decided alone: `all` holds at alpha in every cell
+    (intersection-union) and fails on one cell at alpha / k; `any` holds on one cell at alpha / k and fails when every
+    cell is against at alpha; `most` tests the pooled mean at alpha both ways; a guard only fails, at alpha / k."""
+    if guard or quantifier == "all":
+        return ALPHA, ALPHA / k
+    if quantifier == "any":
+        return ALPHA / k, ALPHA
+    return ALPHA, ALPHA
+
+
 def decide(samples: list[Sample], region: Region, quantifier: str = "all", paper_effect: float | None = None,
-           guard: bool = False, family: int = 1, strict_in: bool = False) -> Decision:
+           guard: bool = False, hold_alpha: float | None = None, fail_alpha: float | None = None) -> Decision:
     """One comparison over its cells (module docstring). `guard`: a check that can only fail a claim (a trend's
-    steps): it 'holds' unless some cell is decidedly against at the Bonferroni level. `family`: how many such
-    comparisons the claim makes at once (a `best` claim: one per competitor): a comparison fails the claim only when
-    its interval at the Bonferroni level 1 - 0.05/family is against it (`strict_in`: and holds only at that level,
-    for a claim that needs one comparison of many to hold)."""
-    usable = [s for s in samples if s.exact or s.values is None or s.n >= MIN_SEEDS]
-    usable = [s for s in usable if s.exact or s.values is not None or (s.se is not None and s.se == s.se)]
-    left_out = [s.name for s in samples if s not in usable]
+    steps): 'holds' unless some cell is against. `hold_alpha`, `fail_alpha`: the level of each test that would make
+    the comparison hold / fail (default: `default_levels`; a claim of several comparisons sets them for its
+    family)."""
+    k = max(len(samples), 1)
+    d_hold, d_fail = default_levels(quantifier, k, guard)
+    a_hold = d_hold if hold_alpha is None else hold_alpha
+    a_fail = d_fail if fail_alpha is None else fail_alpha
     point = float(np.mean([s.point for s in samples])) if samples else float("nan")
-    if not usable:
-        n = max((s.n for s in samples), default=0)
-        why = f"{n} seed{'s' if n != 1 else ''} a cell (an interval needs {MIN_SEEDS})" if n else \
-            "no per-seed values and no spread"
-        return Decision("holds" if guard else "underpowered", point, None, "", n,
-                        mde(samples) if n >= 2 else None, left_out=left_out, why=why)
-    ci, method = interval(usable)
-    wide = ci if family <= 1 else interval(usable, 1 - (1 - CONFIDENCE) / family)[0]
-    point = float(np.mean([s.point for s in usable]))
-    k = len(usable)
-    per_cell = []
-    if k > 1 or guard:
-        for s in usable:
-            c, _ = interval([s], 1 - (1 - CONFIDENCE) / (max(k, 1) * max(family, 1)))
-            per_cell.append((s.name, region.side(*c) if c else "straddle"))
-    against = [n for n, side in per_cell if side == "out"]
-    for_ = [n for n, side in per_cell if side == "in"]
-    seeds = min((s.n for s in usable if s.values is not None), default=0)
-    d = Decision("inconclusive", point, ci, method, seeds, None, against, for_, left_out)
-    pooled = region.side(*(wide if strict_in else ci))
-    if pooled == "out" and region.side(*wide) != "out":   # against at 95 %, not at the family's level
-        pooled = "straddle"
+    pooled, why_pool = pool(samples) if samples else (None, "no cells")
+    ci, method = cell_interval(pooled, ALPHA) if pooled is not None else (None, why_pool)
+    cells = {s.name: (cell_interval(s, a_hold)[0], cell_interval(s, a_fail)[0]) for s in samples}
+    bare = {s.name: cell_interval(s, ALPHA) for s in samples}
+    left_out = [n for n, (c, _) in bare.items() if c is None]
+    against = [n for n, (_, c) in cells.items() if c is not None and region.side(*c) == "out"]
+    for_ = [n for n, (c, _) in cells.items() if c is not None and region.side(*c) == "in"]
+    seeds = min((s.n for s in samples if not s.exact), default=0)
+    d = Decision("", point, ci, method if ci is not None else "", seeds, None, against, for_, left_out,
+                 cell_ci={n: c for n, (c, _) in bare.items()})
+    if not guard:
+        d.power = _power(samples, pooled, region, quantifier, paper_effect, a_hold)
+    if ci is None:
+        d.why = why_pool or method
     if guard:
         d.verdict = "fails" if against else "holds"
         return d
-    if quantifier == "any":
-        d.verdict = "holds" if (for_ or (k == 1 and pooled == "in")) else ("fails" if pooled == "out" else "")
-    elif quantifier == "most":
-        d.verdict = {"in": "holds", "out": "fails"}.get(pooled, "")
-    else:   # all: pooled on the claimed side and every cell's own estimate there too; one cell decidedly against fails
-        every = region.op == "band" or all(region.side(s.point, s.point) == "in" for s in usable)
-        d.verdict = "fails" if (pooled == "out" or against) else ("holds" if pooled == "in" and every else "")
-        if pooled == "in" and not every:
-            d.why = "some cell's own estimate is not on the claimed side"
+    if quantifier == "most":
+        hold_ci = cell_interval(pooled, a_hold)[0] if pooled is not None else None
+        fail_ci = cell_interval(pooled, a_fail)[0] if pooled is not None else None
+        d.verdict = "holds" if hold_ci and region.side(*hold_ci) == "in" else \
+            ("fails" if fail_ci and region.side(*fail_ci) == "out" else "")
+    elif quantifier == "any":
+        d.verdict = "holds" if for_ else ("fails" if len(against) == len(samples) and samples else "")
+    else:
+        d.verdict = "fails" if against else ("holds" if samples and len(for_) == len(samples) else "")
     if d.verdict:
         return d
-    d.mde = mde(usable) if not all(s.exact for s in usable) else None
-    lead = f"{d.why}; " if d.why else ""
+    return _undecided(d, samples, pooled, region, quantifier, paper_effect, a_hold)
+
+
+def _undecided(d: Decision, samples: list[Sample], pooled: Sample | None, region: Region, quantifier: str,
+               paper_effect: float | None, a_hold: float) -> Decision:
+    """Neither holds nor fails: underpowered when the profile could not have detected the paper's own effect (or
+    there is no interval), inconclusive when it could have."""
+    if d.left_out and quantifier != "most":
+        d.why = f"no interval for {', '.join(d.left_out)}: {_no_interval_reason(samples, d.left_out[0])}"
+        d.verdict = "underpowered"
+        return d
+    if quantifier == "all":     # every cell must clear the boundary: the hardest cell's detectable effect
+        mdes = [mde(s, a_hold) for s in samples]
+        d.mde = None if any(m is None for m in mdes) else max(mdes, default=None)
+    elif quantifier == "any":
+        mdes = [m for m in (mde(s, a_hold) for s in samples) if m is not None]
+        d.mde = min(mdes) if mdes else None
+    else:
+        d.mde = mde(pooled, a_hold) if pooled is not None else None
+    if d.ci is not None and len(samples) > 1 and quantifier != "most" and region.side(*d.ci) in ("in", "out"):
+        d.why = (f"the mean over the cells is {'for' if region.side(*d.ci) == 'in' else 'against'} the claim, but "
+                 + ("not every cell holds" if region.side(*d.ci) == "in" else
+                    "no cell is against it at the family-wise level"))
+    lead = f"{d.why}; " if d.why and d.ci is not None else ""
     if d.mde is None:
-        d.verdict, d.why = "underpowered", lead + "no spread to size a test"
+        d.verdict = "underpowered"
+        d.why = d.why or "no spread to size a test"
     elif paper_effect is None or paper_effect != paper_effect:
         d.verdict, d.why = "inconclusive", lead + "the paper's own effect is not known here"
     elif d.mde > region.gap(paper_effect):
@@ -273,6 +446,11 @@ def decide(samples: list[Sample], region: Region, quantifier: str = "all", paper
         d.verdict = "inconclusive"
         d.why = lead + f"detectable effect {_fmt(d.mde)} <= the paper's {_fmt(region.gap(paper_effect))}: could have seen it"
     return d
+
+
+def _no_interval_reason(samples: list[Sample], name: str) -> str:
+    s = next(x for x in samples if x.name == name)
+    return cell_interval(s)[1]
 
 
 def combine(decisions: list[str], mode: str = "all") -> str:
