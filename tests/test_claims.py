@@ -588,3 +588,12 @@ def test_best_is_pairwise_not_against_each_seeds_luckiest_competitor(tmp_path):
     assert r["verdict"] in ("inconclusive", "underpowered") and r["effect"] == pytest.approx(1 / 3), r["evidence"]
     rows.append(seeded("b3", [92.0, 92.5, 91.5]))       # one competitor above on every seed: fails
     assert verdict(table(tmp_path, "t_table", rows), {"form": "best", "a": "ours"}) == "fails"
+
+
+def test_undecided_claims_are_labelled_by_their_power_at_the_papers_effect():
+    """A claim of several comparisons is inconclusive only when the profile could have held ALL of them were the
+    paper's effects true (power >= 80 %): one comparison with a large paper effect no longer makes it so."""
+    assert claims._undecided_by_power("inconclusive", {"power": 0.06}) == "underpowered"
+    assert claims._undecided_by_power("underpowered", {"power": 0.9}) == "inconclusive"
+    assert claims._undecided_by_power("inconclusive", {"power": None}) == "inconclusive"    # not known: as combined
+    assert claims._undecided_by_power("holds", {"power": 0.01}) == "holds"                 # decided: untouched

@@ -1053,7 +1053,7 @@ def evaluate(claim: dict, results: Path | str | None = None, doc: dict | None = 
         j = judge(claim, table, source == "paper", None if source == "paper" else paper["points"],
                   doc.get("paper_seeds", DEFAULT_PAPER_SEEDS))
         _describe_judgement(row, j, paper)
-        verdict = j.verdict
+        verdict = _undecided_by_power(j.verdict, row)
         if source != "paper":
             row["stand_in"] = j.ev.stand_in(claim.get("paper_datasets", doc.get("paper_datasets")))
             row["absent"] = sorted(set(_absent_competitors(claim, j.ev)) | {a for c in j.comps for a in c.absent})
@@ -1095,6 +1095,15 @@ def _describe_judgement(row: dict, j: Judgement, paper: dict | None) -> None:
     row["min_test"] = int(min(tests)) if tests else None
 
 
+def _undecided_by_power(verdict: str, row: dict) -> str:
+    """A claim that neither holds nor fails is *inconclusive* when this profile had at least POWER (80 %) to hold it
+    were the paper's own effects true (every comparison it needs, `row['power']`), *underpowered* below; where that
+    power is not known, the comparisons' own labels (`verdicts.combine`) stand."""
+    if verdict not in ("inconclusive", "underpowered") or row.get("power") is None:
+        return verdict
+    return "inconclusive" if row["power"] >= verdicts.POWER else "underpowered"
+
+
 def _robustness(row: dict, claim: dict, table: pd.DataFrame, paper: dict | None, verdict: str) -> None:
     """The same claim on the mean over the last tenth of the evaluations (ROBUST_COLUMN) instead of the best round,
     where the table has it per seed and the claim reads the best-round column: `metric_sensitive` when a decided
@@ -1111,6 +1120,8 @@ def _robustness(row: dict, claim: dict, table: pd.DataFrame, paper: dict | None,
     except NotRun:
         return
     robust = "partial" if j.verdict == "holds" and row["absent"] else j.verdict
+    if robust in ("inconclusive", "underpowered"):       # labelled as the best-round reading is (its power)
+        robust = _undecided_by_power(robust, row)
     _, d = _main(j.comps, j.decisions)
     row["robust_verdict"], row["robust_interval"] = robust, d.interval_text()
     row["metric_sensitive"] = verdict in verdicts.DECIDED and robust != verdict

@@ -87,7 +87,7 @@ def figure(rows: list[dict], title: str):
     rows = plotted(rows)
     if not rows:
         return None
-    n, axis_h, gap, top, bottom = len(rows), 0.17, ROW_HEIGHT - 0.17, 0.45, 0.3
+    n, axis_h, gap, top, bottom = len(rows), 0.17, ROW_HEIGHT - 0.17, 0.85, 0.3
     height = top + n * axis_h + (n - 1) * gap + bottom
     fig, axes = plt.subplots(n, 1, figsize=(11.0, height), squeeze=False)
     fig.subplots_adjust(left=0.27, right=0.7, top=1 - top / height, bottom=bottom / height, hspace=gap / axis_h)
@@ -121,8 +121,11 @@ def figure(rows: list[dict], title: str):
         extra = _qualifiers(r)
         if extra:
             ax.text(1.02, -0.55, extra, transform=ax.transAxes, ha="left", va="center", fontsize=6.5, color="#444444")
-    fig.suptitle(f"{title}: each claim's effect (90 % CI, coloured by verdict) against its claimed region (green); "
-                 "◇ the paper's own effect; grey: each cell", fontsize=9, x=0.02, ha="left")
+    fig.text(0.02, 1 - 0.2 / height, f"{title}: its claims at a glance", fontsize=10, fontweight="bold", va="top")
+    fig.text(0.02, 1 - 0.4 / height, "each claim's effect and 90 % interval, coloured by its verdict, against the "
+             "claimed region (green, boundary dashed); ◇ the paper's own effect on its printed numbers;\ngrey: each "
+             "cell's own interval; each claim has its own x axis, in its units", fontsize=7.5, color="#444444",
+             va="top", linespacing=1.3)
     return fig
 
 

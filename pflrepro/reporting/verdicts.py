@@ -332,12 +332,8 @@ def power(s: Sample, inside: float, alpha: float = ALPHA) -> float | None:
     """P(a one-sided test at alpha clears the boundary) when the true effect lies `inside` beyond it, at the sample's
     spread: the noncentral t's tail (for a band, the nearer edge's test alone: an upper bound of TOST's power)."""
     se = standard_error(s)
-    if se is None or inside is None or inside != inside:
-        return None
-    if se[0] == 0:
-        return 1.0 if inside > 0 else 0.0
-    if inside <= 0:
-        return None
+    if se is None or se[0] == 0 or inside is None or inside != inside or inside <= 0:
+        return None             # exact quantities have no power to speak of; nor has an effect outside the region
     tc = t_quantile(1 - alpha, se[1])
     return float(stats.nct.sf(tc, se[1], inside / se[0])) if math.isfinite(se[1]) else \
         float(stats.norm.sf(tc - inside / se[0]))
