@@ -348,9 +348,9 @@ def test_near_magnitudes_need_their_side(tmp_path):
                           "tolerance": 0.02, "select": {"setting": "s2"}}) == "holds"   # 74.9 / 72.0 = 1.0403
     assert verdict(root, {"form": "near", "quantity": "ratio", "a": "ours", "b": "weak", "target": 1.04,
                           "tolerance": 0.01, "select": {"setting": "s2"}}) == "fails"   # 1.07
-    # "surpasses the best baseline by 1.22 %" while ours is 0.1 BELOW on every seed: within the tolerance of
+    # "surpasses the best baseline by 1.22 %" while ours is 0.15-0.25 BELOW on every seed: within the tolerance of
     # 1.22 +- 2, but on the wrong side of 0: fails (the old ratio encoding held here)
-    root2 = table(tmp_path / "two", "t_table", [seeded("ours", [74.9, 75.0, 74.8]), seeded("base", [75.0, 75.1, 74.9])])
+    root2 = table(tmp_path / "two", "t_table", [seeded("ours", [74.8, 74.85, 74.75]), seeded("base", [75.0, 75.1, 74.9])])
     assert verdict(root2, {"form": "near", "quantity": "margin", "a": "ours", "target": 1.22, "tolerance": 2.0}) == "fails"
     assert verdict(root2, {"form": "near", "quantity": "margin", "a": "absent", "target": 3.0,
                            "tolerance": 1.0}) == "not run"

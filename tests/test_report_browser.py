@@ -52,6 +52,7 @@ return {width: window.innerWidth,
         summaryCells: summary ? summary.rows[0].cells.length : 0,
         longestCell: summary ? Math.max(...[...summary.querySelectorAll('td')].map(td => td.innerText.length)) : 0,
         forests: forests.map(i => [i.naturalWidth, i.naturalHeight, first ? (i.compareDocumentPosition(first) & 4) > 0 : false]),
+        firstForestTop: forests.length ? forests[0].getBoundingClientRect().top + window.scrollY : null,
         notes: [...document.querySelectorAll('li')].some(li => li.innerText.includes('Method two needs ten times'))};
 """
 
@@ -70,6 +71,7 @@ def test_report_opens_with_its_verdicts_at_a_glance(tree, chromium, tmp_path):  
     assert page["longestCell"] < 60, page                       # counts and names in the cells, no paragraphs
     assert page["notes"], "the profile's note is not listed under the summary"
     assert page["forests"] and all(w > 0 and h > 0 and before for w, h, before in page["forests"]), page
+    assert page["firstForestTop"] < 2 * HEIGHT, page            # right after the summary: within two screens
     shot = tmp_path / "report.png"
     assert chromium.save_screenshot(str(shot))
     from PIL import Image

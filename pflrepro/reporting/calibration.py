@@ -37,7 +37,8 @@ from . import claims, verdicts
 FAR = 8.0                  # "far" from the boundary, in noise standard deviations
 SEED_SD = 5.0              # the partition effect every method of a cell shares on a seed (points)
 BASE = 80.0                # a method's accuracy level (points) for the continuous noises
-BASE_P = 0.6               # ... and the probability of a correct image for the counted ones
+BASE_P = 0.5               # ... and the probability of a correct image for the counted ones
+COUNTED_FAR = 3.0          # "far" for the counted noises (7 images: 3 sds = 43 points, all an accuracy can move)
 SHARED = 0.7               # the share of images two methods score alike (counted noise)
 TOL = 2.0                  # a band's half-width, in noise standard deviations
 RATIO_SD = 0.02            # one seed's ratio noise (ratio forms), in ratio units
@@ -208,8 +209,8 @@ def _band(shape: Shape, t: Truth, d, target_sd: float = 0.0) -> tuple[dict, dict
 
 def _margin(shape: Shape, t: Truth, d) -> tuple[dict, dict]:
     """near margin: a - b0 = d(i, 0) (b0 the leader), a - bj = d(i, 1) for the others; claimed within
-    MARGIN ± TOL sds."""
-    base, means = _level(t), {}
+    MARGIN ± TOL sds (a high, the competitors below it: a counted accuracy must stay in [0, 100])."""
+    base, means = (85.0 if t.n_img else _level(t)), {}
     for i, c in enumerate(_cells(shape)):
         means[(c, "a")] = base
         means[(c, "b0")] = base - d(i, 0) * t.unit
@@ -275,23 +276,33 @@ def _distances(shape: Shape, variant: str):
         edge = lo if variant.startswith("boundary_low") else hi
         if f == "near_margin":     # d(i, 0): the leader's margin; d(i, 1): the others' (tied, or far behind)
             one = variant.endswith("_one")
-            return lambda i, j: edge if j == 0 or not one else edge + FAR
+            far = COUNTED_FAR if _counted(shape.noise) else FAR
+            return lambda i, j: edge if j == 0 or not one else edge + far
         if variant == "boundary_one":
             return lambda i, j: edge if (i, j) == (0, 0) else centre
         return lambda i, j: edge
+    far = COUNTED_FAR if _counted(shape.noise) else FAR
     if power is not None:
         return lambda i, j: 0.0 if (f == "peak" and j == 1) else power
+    if f == "peak" and variant == "boundary_one":      # every series: one interior point level with the ends
+        return lambda i, j: 0.0 if j == 0 else -far
     if variant == "boundary_one":
-        return lambda i, j: 0.0 if (i, j) == (0, 0) else (-FAR if f == "peak" else FAR)
+        return lambda i, j: 0.0 if (i, j) == (0, 0) else far
     if variant == "boundary_rest_against":
-        return lambda i, j: 0.0 if (i, j) == (0, 0) else -FAR
+        if f == "order_all_any" and shape.quantifier == "all":     # one pair at the boundary in every cell
+            return lambda i, j: 0.0 if j == 0 else -far
+        return lambda i, j: 0.0 if (i, j) == (0, 0) else -far
     return lambda i, j: 0.0
 
 
 def truth(shape: Shape, variant: str) -> tuple[dict, dict, Truth]:
-    """(claim, {(cell, method): mean}, Truth) of a shape at a variant."""
+    """(claim, {(cell, method): mean}, Truth) of a shape at a variant. A counted noise whose means leave [0, 100]
+    (an accuracy cannot) is refused: its boundary would not be where the shape says."""
     t = Truth(shape)
     claim, means = FORMS[shape.form](shape, t, _distances(shape, variant))
+    if t.n_img and not all(SEED_SD <= m <= 100 - SEED_SD for m in means.values()):
+        raise ValueError(f"{shape} at {variant}: accuracies {min(means.values()):.0f}-{max(means.values()):.0f} % "
+                         f"cannot be drawn over {t.n_img} test images (an accuracy stays in [0, 100])")
     return claim, means, t
 
 
@@ -366,6 +377,7 @@ FORM_GRID = {
     "ratio_band": (("all",), (1,)), "near_ratio": (("all", "most"), (1,)),
 }
 SEEDS, CELLS, NOISES = (3, 5, 10), (1, 3, 6), ("normal", "t3", "binom7", "binom30", "binom200")
+WIDE_FORMS = ("near_diff_side", "near_margin")
 
 
 def grid(part: str) -> list[Shape]:
@@ -376,13 +388,16 @@ def grid(part: str) -> list[Shape]:
     out = []
     for form, (quants, rivals) in FORM_GRID.items():
         noises = NOISES if form not in RATIO_FORMS else ("normal", "t3")
+        if form in WIDE_FORMS:     # boundaries 5 sds from 0: 72 points at 7 images, beyond what an accuracy can move
+            noises = tuple(z for z in noises if z != "binom7")
         if part == "structure":
             out += [Shape(form, q, 3, k, m) for k in CELLS for q in (quants if k > 1 else quants[:1])
                     for m in rivals]
         elif part == "noise":
             out += [Shape(form, quants[0], n, 1, rivals[len(rivals) // 2], z) for n in SEEDS for z in noises]
         elif part == "extremes":
-            out += [Shape(form, quants[0], 3, 6, rivals[-1], z) for z in noises if z in ("t3", "binom7")]
+            out += [Shape(form, quants[0], 3, 6, rivals[-1], z) for z in noises if z in ("t3", "binom7", "binom30")
+                    and not (z == "binom30" and "binom7" in noises)]
         else:
             raise ValueError(f"unknown part {part!r} (structure, noise, extremes)")
     return out

@@ -327,6 +327,8 @@ class Comparison:
     skipped: list = field(default_factory=list)     # [(cell, why)]
     used: list = field(default_factory=list)        # [Val] read (their runs and test sets)
     guard: bool = False                             # can only fail the claim (a trend's steps)
+    hold_only: bool = False                         # can only make the claim hold (a bound valid one way only)
+    fail_union: int = 1                             # it fails for one of this many candidates chosen by their means
     family: int = 1                                 # comparisons of one kind made at once (a competitor each)
     hold_union: int = 1                             # it holds for one of this many candidates chosen by their
     #                                                 means (the best of a list, a peak's interior point): Bonferroni
@@ -757,30 +759,43 @@ def _eval_near(ev: Evaluator) -> list[Comparison]:
 
 
 def _near_margin(ev: Evaluator, tol: float) -> list[Comparison]:
-    """a's margin over the best other method, m = a - max_j b_j, within target ± tol (and above 0 where the target
-    is): m >= lo means a - b_j >= lo for EVERY competitor j (one paired comparison each, intersection-union);
-    m <= hi means a - b_j <= hi for SOME j, tested on the competitor with the best mean (chosen by its mean, so at
-    alpha / the number of competitors). Each competitor's comparison pairs its seeds with a's."""
-    target = float(ev.c["target"])
-    full = _near_region("margin", target, tol)
+    """a's margin over the best other method, M = a - max_j b_j, within target ± tol (and above 0 where the target
+    is), by two estimates that each bound M one way:
+    - U = a - b_J for one competitor J, the one with the best mean (over the cells, when the claim pools them;
+      per cell otherwise): U >= M for any J, so U <= hi shows M <= hi (it holds), and U < lo (or U <= 0 where the
+      claim has a side) shows M is below (it fails); J is chosen by its mean, so both at alpha / the number of
+      competitors;
+    - L = per seed, a minus the best competitor OF THAT SEED: its mean is at most M, so L >= lo shows M >= lo (it
+      holds), and L > hi shows M > hi (it fails).
+    U is the effect shown. Each pairs its seeds with a's."""
+    full = _near_region("margin", float(ev.c["target"]), tol)
     lower = Region(">", full.null) if full.null is not None and full.null >= full.lo else Region(">=", full.lo)
-    each: dict = {}
-    top = Comparison(f"margin over the best other near {ev.c['target']} (at most {_fmt(full.hi)})",
-                     Region("<=", full.hi), display=True)
+    lab = f"margin over the best other near {ev.c['target']}"
+    u_hold = Comparison(f"{lab}: a - the best by its mean (at most {_fmt(full.hi)})", Region("<=", full.hi),
+                        display=True, hold_only=True)
+    u_fail = Comparison(f"{lab}: a - the best by its mean ({lower})", lower, guard=True)
+    l_hold = Comparison(f"{lab}: a - each seed's best ({lower})", lower, hold_only=True)
+    l_fail = Comparison(f"{lab}: a - each seed's best (not above {_fmt(full.hi)})", Region("<=", full.hi), guard=True)
+    cells = []
     for name, cell in ev.cells():
         a = ev.value(cell, ev.c["a"])
         bs = [v for v in (ev.value(cell, r) for r in _competitors(ev, cell, [ev.c["a"]])) if v is not None]
         if a is None or not bs:
-            top.skipped.append((name, "not in this profile: " + _absent(ev, cell, [ev.c["a"]])))
+            u_hold.skipped.append((name, "not in this profile: " + _absent(ev, cell, [ev.c["a"]])))
             continue
-        for b in bs:
-            comp = each.setdefault(b.label, Comparison(f"{a.label} - {b.label} at least {_fmt(full.lo)}", lower))
-            comp.add(name, [a, b], lambda v: ev.sign * (v[0] - v[1]), kind="diff")
-        top.add(name, [a, _leader(ev, bs)], lambda v: ev.sign * (v[0] - v[1]), kind="diff")
-        top.hold_union = max(top.hold_union, len(bs))
-    for c in each.values():
-        c.family = len(each)
-    return [top, *each.values()]
+        cells.append((name, a, bs))
+    pooled = _quantifier(ev.c) == "most"
+    common = set.intersection(*({b.label for b in bs} for _, _, bs in cells)) if cells else set()
+    overall = {lab_: np.mean([ev.sign * b.x for _, _, bs in cells for b in bs if b.label == lab_]) for lab_ in common}
+    for name, a, bs in cells:
+        lead = next(b for b in bs if b.label == max(overall, key=overall.get)) if pooled and overall else _leader(ev, bs)
+        for comp in (u_hold, u_fail):
+            comp.add(name, [a, lead], lambda v: ev.sign * (v[0] - v[1]), kind="diff")
+            comp.hold_union = comp.fail_union = max(comp.hold_union, len(bs))
+        for comp in (l_hold, l_fail):
+            comp.add(name, [a, *bs], lambda v: min(ev.sign * (v[0] - x) for x in v[1:]))
+            comp.cells[-1].floor = _floor("diff", [a, lead], [a.x, lead.x])
+    return [u_hold, u_fail, l_hold, l_fail]
 
 
 def _near_value(ev: Evaluator, tol: float) -> Comparison:
@@ -900,8 +915,9 @@ def _levels(claim: dict, comps: list[Comparison]) -> list[tuple[float, float]]:
     base = [verdicts.default_levels(q, max(len(c.cells), 1), c.guard) for c in comps]
     hold = [h / c.hold_union for (h, _), c in zip(base, comps)]
     if _mode(claim) == "any":
-        return [(h / len(comps), f) for h, (_, f) in zip(hold, base)]
-    tests = sum(len(c.cells) if (c.guard or q == "all") else 1 for c in comps)
+        return [(h / len(comps), f / c.fail_union) for h, (_, f), c in zip(hold, base, comps)]
+    tests = sum((len(c.cells) if (q == "all" or (c.guard and q != "most")) else 1) * c.fail_union
+                for c in comps if not c.hold_only)
     return [(h, verdicts.ALPHA / max(tests, 1)) for h in hold]
 
 
@@ -988,7 +1004,8 @@ def _decide(claim: dict, comps: list[Comparison], paper_points: dict | None, sou
     out = []
     for c, (hold, fail) in zip(comps, _levels(claim, comps)):
         pe = _paper_effect((paper_points or {}).get(c.label), c)
-        d = verdicts.decide(c.cells, c.region, _quantifier(claim), pe, guard=c.guard, hold_alpha=hold, fail_alpha=fail)
+        d = verdicts.decide(c.cells, c.region, _quantifier(claim), pe, guard=c.guard, hold_alpha=hold, fail_alpha=fail,
+                            hold_only=c.hold_only)
         if source == "paper":
             d.left_out = []
             if d.ci is not None and d.verdict in ("inconclusive", "underpowered"):
@@ -1291,7 +1308,7 @@ def _flags(r: dict) -> list[str]:
     if r.get("power") is not None and r["verdict"] not in ("holds", "partial", "by design"):
         out.append(f"power at the paper's own effect: {100 * r['power']:.0f} %")
     if r.get("metric_sensitive"):
-        out.append(f"metric-sensitive: on the mean of the last tenth of the rounds it {r['robust_verdict']} "
+        out.append(f"metric-sensitive: on the mean of the last tenth of the rounds, {r['robust_verdict']} "
                    f"({r['robust_interval']})")
     if r.get("paper_check"):
         out.append(r["paper_check"])

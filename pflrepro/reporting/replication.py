@@ -454,9 +454,9 @@ RULE_TEXT = (
     f"interval inside it); the interval shown is the {verdicts.INTERVAL_NAME} whose ends are those bounds. "
     "**partial**: holds, but some of the paper's competitors did not run (or ran blank); **fails**: one cell or "
     "comparison is against the claim at 5 % divided by the number of such tests (Holm); **inconclusive**: neither, "
-    "although this profile could have detected the paper's own effect; **underpowered**: neither, and the minimum "
-    "detectable effect (80 % power) exceeds the paper's effect, or a cell has no interval (fewer than 3 seeds: no "
-    "verdict from an assumed noise); **by design**: a quantity fixed by construction, shown with its own result and "
+    "although this profile had at least 80 % power to hold the claim were the paper's own effects true; "
+    "**underpowered**: neither, with less power than that, or a cell has no interval (fewer than 3 seeds: no verdict "
+    "from an assumed noise); **by design**: a quantity fixed by construction, shown with its own result and "
     "never counted; **not run**. At each claim's boundary P(holds) and P(fails) are each at most 5 %, measured by "
     "simulation for every claim shape used (`benchmarks/bench_calibration.py`, docs/evidence.md \"Calibrated "
     "verdicts\"). *metric-sensitive*: a decided verdict that is not the same on the mean of the last tenth of the "
@@ -488,10 +488,11 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
     parts = ["# Reproduction report\n",
              f"Generated {now} by `python -m pflrepro report` (code at {_git_now()}) from `{results_root}`.\n",
              "## Summary\n",
-             RULE_TEXT,
              summary_markdown(summary),
              headline_markdown(summary),
              forests_markdown(papers, out_dir),
+             "### How a verdict is decided\n",
+             RULE_TEXT,
              "### What each profile runs, and what it found\n",
              notes_markdown(summary),
              "Against independent implementations: baselines the papers share were trained beside PFLlib's own code "

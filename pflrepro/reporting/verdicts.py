@@ -233,7 +233,10 @@ def _spread(s: Sample) -> tuple[float, float] | tuple[None, str]:
     """(variance of one seed's effect, df) of a per-seed sample, or (None, why not)."""
     if s.n < MIN_SEEDS:
         return None, f"{s.n} seed{'s' if s.n != 1 else ''} (an interval needs {MIN_SEEDS})"
-    var = max(float(np.var(s.values, ddof=1)), float(s.floor or 0.0))
+    own = float(np.var(s.values, ddof=1))
+    if own <= 1e-24 * max(1.0, float(np.mean(s.values)) ** 2):    # equal seeds up to float rounding: no spread
+        own = 0.0
+    var = max(own, float(s.floor or 0.0))
     if var <= 0:
         return None, f"no spread over {s.n} seeds and no known test-set resolution (zero spread is not certainty)"
     return var, s.n - 1.0
@@ -251,7 +254,7 @@ def cell_interval(s: Sample, alpha: float = ALPHA) -> tuple[tuple[float, float] 
         if var is None:
             return None, df
         h = t_quantile(1 - alpha, df) * math.sqrt(var / s.n)
-        floor = " (test-set floor)" if s.floor and s.floor >= float(np.var(v, ddof=1)) else ""
+        floor = " (test-set floor)" if s.floor and s.floor >= var else ""
         return (s.point - h, s.point + h), f"paired t over {s.n} seeds{floor}"
     if s.se is not None and s.se == s.se:
         if s.n < MIN_SEEDS:
@@ -360,7 +363,7 @@ def default_levels(quantifier: str, k: int, guard: bool = False) -> tuple[float,
     """(hold_alpha, fail_alpha) of one comparison over k cells decided alone: `all` holds at alpha in every cell
     (intersection-union) and fails on one cell at alpha / k; `any` holds on one cell at alpha / k and fails when every
     cell is against at alpha; `most` tests the pooled mean at alpha both ways; a guard only fails, at alpha / k."""
-    if guard or quantifier == "all":
+    if quantifier == "all" or (guard and quantifier != "most"):
         return ALPHA, ALPHA / k
     if quantifier == "any":
         return ALPHA / k, ALPHA
@@ -368,11 +371,13 @@ def default_levels(quantifier: str, k: int, guard: bool = False) -> tuple[float,
 
 
 def decide(samples: list[Sample], region: Region, quantifier: str = "all", paper_effect: float | None = None,
-           guard: bool = False, hold_alpha: float | None = None, fail_alpha: float | None = None) -> Decision:
+           guard: bool = False, hold_alpha: float | None = None, fail_alpha: float | None = None,
+           hold_only: bool = False) -> Decision:
     """One comparison over its cells (module docstring). `guard`: a check that can only fail a claim (a trend's
-    steps): 'holds' unless some cell is against. `hold_alpha`, `fail_alpha`: the level of each test that would make
-    the comparison hold / fail (default: `default_levels`; a claim of several comparisons sets them for its
-    family)."""
+    steps): 'holds' unless it is against the region (some cell; with `most`, the pool). `hold_only`: a check that can
+    only make a claim hold (a bound that is valid one way only): never 'fails'. `hold_alpha`, `fail_alpha`: the level
+    of each test that would make the comparison hold / fail (default: `default_levels`; a claim of several
+    comparisons sets them for its family)."""
     k = max(len(samples), 1)
     d_hold, d_fail = default_levels(quantifier, k, guard)
     a_hold = d_hold if hold_alpha is None else hold_alpha
@@ -392,18 +397,23 @@ def decide(samples: list[Sample], region: Region, quantifier: str = "all", paper
         d.power = _power(samples, pooled, region, quantifier, paper_effect, a_hold)
     if ci is None:
         d.why = why_pool or method
-    if guard:
-        d.verdict = "fails" if against else "holds"
-        return d
     if quantifier == "most":
         hold_ci = cell_interval(pooled, a_hold)[0] if pooled is not None else None
         fail_ci = cell_interval(pooled, a_fail)[0] if pooled is not None else None
-        d.verdict = "holds" if hold_ci and region.side(*hold_ci) == "in" else \
-            ("fails" if fail_ci and region.side(*fail_ci) == "out" else "")
+        pooled_out = bool(fail_ci and region.side(*fail_ci) == "out")
+        d.verdict = "holds" if hold_ci and region.side(*hold_ci) == "in" else ("fails" if pooled_out else "")
+        if guard:
+            d.verdict = "fails" if pooled_out else "holds"
+            return d
+    elif guard:
+        d.verdict = "fails" if against and (quantifier != "any" or len(against) == len(samples)) else "holds"
+        return d
     elif quantifier == "any":
         d.verdict = "holds" if for_ else ("fails" if len(against) == len(samples) and samples else "")
     else:
         d.verdict = "fails" if against else ("holds" if samples and len(for_) == len(samples) else "")
+    if hold_only and d.verdict == "fails":
+        d.verdict, d.cells_against = "", []
     if d.verdict:
         return d
     return _undecided(d, samples, pooled, region, quantifier, paper_effect, a_hold)
