@@ -4,7 +4,7 @@ Simulated tables with known effects go through `claims.judge` (the code that jud
 each shape's boundary: P(holds) and P(fails) must each stay within 3 Monte Carlo standard errors of 5 %
 (`calibration.bound`). The shapes are those where a100f42's rule was measured wrong (one cell at 3 seeds: the
 seeds' range; `all` and `any` over 6 cells; a `best` claim level with 7 rivals; bands that held on overlap; one-
-test-image steps) and one of every other claim form the claims files use. The full grid (342 shapes, 3, 5 and 10
+test-image steps) and one of every other claim form the claims files use. The full grid (the grid, 3, 5 and 10
 seeds, five noises) and the power table: docs/evidence.md, "Calibrated verdicts"."""
 from __future__ import annotations
 
@@ -26,13 +26,15 @@ SHAPES = [
     Shape("order_list", rivals=3, cells=3),
     Shape("order_all", rivals=3),
     Shape("order_all_any", "any", rivals=3, cells=3),
+    Shape("order_all_any", "all", rivals=3, cells=3),  # one pair at the boundary in every cell, the others against
     Shape("trend", rivals=2, cells=3),
     Shape("trend_ends", rivals=4),
-    Shape("peak", rivals=4),
+    Shape("peak", rivals=4, cells=3),                 # every series with one interior point level with its ends
     Shape("near_diff"),                               # bands held on overlap
     Shape("near_diff_side", noise="binom30"),
     Shape("near_value", cells=3),
     Shape("near_margin", rivals=3),
+    Shape("near_margin", "most", cells=3, rivals=3),  # leaders chosen per cell and pooled: 9 % before the two bounds
     Shape("ratio", seeds=10),
     Shape("ratio_band"),
     Shape("near_ratio", "most", cells=3),
