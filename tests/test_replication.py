@@ -225,3 +225,26 @@ def test_verdict_metrics_are_a_compact_dvc_metrics_file():
     stage = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]["report"]
     assert "--metrics metrics/report.json" in stage["cmd"]
     assert stage["metrics"] == [{"metrics/report.json": {"cache": False}}]
+
+
+def test_forest_plot_draws_every_kind_of_interval_and_region():
+    """Issue 51's forest plot: one row per claim with an effect (headline first), infinite ends (a sign test's) drawn
+    as arrows at the axis, exact quantities, bands with a side, no interval at all; nothing to show gives no figure."""
+    from pflrepro.reporting import forest
+    base = {"stage": "s", "verdict": "inconclusive", "paper_effect": 1.0, "bounds": [0.0], "cell_ci": [],
+            "region_spec": {"op": ">", "t": 0.0, "lo": float("-inf"), "hi": float("inf"), "null": None, "above": None}}
+    rows = [{**base, "id": "signs", "effect": float("inf"), "ci": (float("-inf"), float("inf"))},
+            {**base, "id": "exact", "effect": 1.25, "ci": (1.25, 1.25), "verdict": "by design", "quantity_verdict": "fails",
+             "region_spec": {"op": "<=", "t": 1.0}, "bounds": [1.0]},
+            {**base, "id": "band", "effect": 0.3, "ci": (-0.2, 0.8), "headline": True, "metric_sensitive": True,
+             "robust_verdict": "fails", "bounds": [-1.0, 2.0], "cell_ci": [["a", [-0.5, 1.0]], ["b", [0.0, 0.9]]],
+             "region_spec": {"op": "band", "t": 0.0, "lo": -1.0, "hi": 2.0, "null": 0.0, "above": True}},
+            {**base, "id": "none", "effect": 2.0, "ci": None, "verdict": "underpowered"},
+            {**base, "id": "skipped", "effect": None, "ci": None, "verdict": "not run"}]
+    assert [r["id"] for r in forest.plotted(rows)] == ["band", "exact", "none", "signs"]
+    fig = forest.figure(rows, "toy")
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert len(fig.axes) == 4 and "★ band" in texts and "quantity fails" in texts
+    assert any(t.startswith("metric-sensitive") for t in texts)
+    plt.close(fig)
+    assert forest.figure([rows[-1]], "toy") is None
