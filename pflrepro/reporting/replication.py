@@ -595,7 +595,7 @@ def readme_with_summary(readme: str, summary: list[dict], stamp: str) -> str:
     _, tail = rest.split(README_END)
     top = headline_markdown(summary)
     return (f"{head}{README_START}\n{summary_markdown(summary, link=False)}\n" + (f"{top}\n" if top else "")
-            + f"{notes_markdown(summary)}\n{stamp}\n{README_END}{tail}")
+            + f"**What each profile runs, and what it found:**\n\n{notes_markdown(summary)}\n{stamp}\n{README_END}{tail}")
 
 
 def verdict_metrics(summary: list[dict]) -> dict:
