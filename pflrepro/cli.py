@@ -23,55 +23,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-import yaml
-
-from .params import ConfigError
+from .params import MAX_YAML_DEPTH, ConfigError, load_yaml
 
 
 def parse_overrides(pairs: list[str]) -> dict:
-    """`a=1 b.c=x` -> {"a": 1, "b": {"c": "x"}}; values parsed as YAML scalars/lists. A pair that is not key=value,
-    or whose value is not YAML, is a ConfigError naming it."""
+    """`a=1 b.c=x` -> {"a": 1, "b": {"c": "x"}}; values parsed as YAML scalars/lists (`params.load_yaml`). A pair that
+    is not key=value, or whose value is not run settings, is a ConfigError naming it."""
     out: dict = {}
     for p in pairs:
         key, eq, val = p.partition("=")
         if not eq or not key:
-            raise ConfigError(f"expected key=value, got {p!r}")
+            raise ConfigError(f"expected key=value, got {p[:200]!r}")
         node = out
         *parents, leaf = key.split(".")
+        if len(parents) >= MAX_YAML_DEPTH:
+            raise ConfigError(f"{key[:60]}...: nested more than {MAX_YAML_DEPTH} levels deep: not run settings")
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"{key}={val}: {part} is set to a value, not settings, by an earlier override")
-        try:
-            node[leaf] = yaml.safe_load(val)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{key}={val}: not a YAML value ({str(e).splitlines()[0]})") from None
-        if _too_many_values(node[leaf]):
-            raise ConfigError(f"{key}=...: {MAX_YAML_VALUES_SAY}")
+        node[leaf] = load_yaml(val, f"{key}={val if len(val) <= 60 else val[:60] + '...'}")
     return out
-
-
-MAX_YAML_VALUES = 10_000   # a run config holds a few dozen settings
-MAX_YAML_VALUES_SAY = (f"more than {MAX_YAML_VALUES:,} values once its YAML aliases are expanded (a 'billion laughs' "
-                       "document, whose repr in an error message never ends): not run settings")
-
-
-def _too_many_values(value) -> bool:
-    """Whether a YAML value holds more than MAX_YAML_VALUES values, its aliases expanded (issue 33: ten nested lists of
-    ten aliases each hung the config check, which writes the value it refuses)."""
-    todo, seen = [value], 0
-    while todo:
-        v = todo.pop()
-        seen += 1
-        if seen > MAX_YAML_VALUES:
-            return True
-        if isinstance(v, dict):
-            todo += [*v.keys(), *v.values()]
-        elif isinstance(v, (list, tuple)):
-            todo += v
-    return False
 
 
 def _gather_overrides(a, extras: list[str]) -> list[str]:
@@ -190,18 +165,16 @@ def _config(a):
     """The run config of `run` and `partition`: --config YAML, then key=value overrides, validated."""
     from .federation.config import RunConfig
     cfg_dict: dict = {}
-    if getattr(a, "config", None):
+    if getattr(a, "config", None) is not None:
+        if not a.config.strip():
+            raise ConfigError("--config '': an empty path; name a YAML file of run settings, or leave --config out")
         try:
-            with open(a.config) as f:
-                cfg_dict = yaml.safe_load(f) or {}
+            with open(a.config, encoding="utf-8") as f:
+                cfg_dict = load_yaml(f.read(), f"--config {a.config}") or {}
         except OSError as e:
             raise ConfigError(f"--config {a.config}: {e.strerror or e}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"--config {a.config}: not valid YAML ({str(e).splitlines()[0]})") from None
         except UnicodeDecodeError as e:
             raise ConfigError(f"--config {a.config}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        if _too_many_values(cfg_dict):
-            raise ConfigError(f"--config {a.config}: {MAX_YAML_VALUES_SAY}")
         if not isinstance(cfg_dict, dict):
             raise ConfigError(f"--config {a.config}: expected a mapping of run settings, got {type(cfg_dict).__name__}")
     return RunConfig.from_dict(_merge(cfg_dict, parse_overrides(a.overrides)))
@@ -265,7 +238,7 @@ def _check_data(cfg) -> None:
     """The datasets a run reads are on this machine (loaded now; the run reuses them): one that is not is a config
     error naming its key, before the run's folder exists (issue 33: a traceback, and a folder left with config.json)."""
     from .data.datasets import DatasetUnavailable
-    from .federation.build import raw_dataset
+    from .federation.build import public_indices, raw_dataset
     public = cfg.public["dataset"] if cfg.public["size"] else ""
     for key, name in (("dataset", cfg.dataset), ("public.dataset", public)):
         try:
@@ -273,14 +246,16 @@ def _check_data(cfg) -> None:
                 raw_dataset(name)
         except DatasetUnavailable as e:
             raise ConfigError(f"{key}={name!r}: " + " ".join(line.strip() for line in str(e).splitlines())) from None
+    if cfg.public["size"]:
+        public_indices(cfg)   # a public set larger than what the run leaves: refused before the cost is said
 
 
 def _run(a) -> int:
     from .pipeline.store import is_finished, run, run_dir
     cfg = _config(a)
     if a.force or not is_finished(run_dir(cfg)):
-        _check_cost(cfg, a.yes)
         _check_data(cfg)
+        _check_cost(cfg, a.yes)
     res = run(cfg, progress=not a.quiet, force=a.force)
     print(json.dumps({"path": str(res.path), "summary": res.summary}, indent=2))
     return 0
@@ -325,10 +300,9 @@ def _data(a) -> int:
     import hashlib
     from pathlib import Path
 
-    from .data.datasets import load_dataset, save_tensor_cache
-    from .pipeline import datacache
-    bad = datacache.check(a.name)      # a tensor cache that differs from the checked source: set aside, rebuilt
-    ds = load_dataset(a.name, download=a.download)
+    from .data.datasets import CACHE_REBUILT, load_dataset, save_tensor_cache
+    ds = load_dataset(a.name, download=a.download)   # a tensor cache that differs from the checked source: set aside,
+    bad = CACHE_REBUILT.get(a.name)                   # rebuilt (data.datasets._load_tensor_cache)
     counts = ds.y_train.bincount(minlength=ds.spec.num_classes).tolist()
     info = {"dataset": a.name, "source": ds.source, "train": list(ds.x_train.shape),
             "test": list(ds.x_test.shape), "train_label_counts": counts,
@@ -344,6 +318,8 @@ def _partition(a) -> int:
     from .data.partition import label_counts, plot_partition
     from .federation.build import build_partition, raw_dataset
     cfg = _config(a)
+    if not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
+        raise ConfigError(f"--out {a.out}: its folder does not exist (create it first)")
     _check_data(cfg)
     split = build_partition(cfg)
     raw = raw_dataset(cfg.dataset)
@@ -432,6 +408,12 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:   # a full disk, a read-only or forbidden folder, in any verb: one line (the store's own
+        from .pipeline.store import UNWRITABLE   # writes say which run: pipeline.store.StoreUnwritable)
+        if e.errno not in UNWRITABLE:
+            raise
+        print(f"storage error: {os.strerror(e.errno)}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:   # Ctrl-C: one line, no traceback; runs keep their last checkpoints and resume
         print("interrupted: runs keep their last checkpoints; the same command resumes them", file=sys.stderr)
         return 130
@@ -439,6 +421,10 @@ def main(argv=None) -> int:
         from .core.batched import MemoryBudgetError, NotBatchable
         from .core.training import Divergence
         from .pipeline.parallel import GridFailed
+        from .pipeline.store import StoreUnwritable
+        if isinstance(e, StoreUnwritable):   # the store is full or read-only: which run, and that it resumes
+            print(f"storage error: {e}", file=sys.stderr)
+            return 1
         if isinstance(e, GridFailed):   # a grid whose runs failed: each named in one line (the others are stored)
             print(f"grid: {e}", file=sys.stderr)
             return 1

@@ -75,3 +75,60 @@ def check_params(prefix: str, given: dict, schema: dict[str, Param]) -> dict:
         out[k] = p.check(f"{prefix}.{k}" if prefix else k, given[k]) if k in given and not (
             given[k] is None and p.default is None) else p.default
     return out
+
+
+# ---------------------------------------------------------------- settings written as YAML (--config, overrides)
+MAX_YAML_VALUES = 10_000   # a run config holds a few dozen settings
+MAX_YAML_VALUES_SAY = (f"more than {MAX_YAML_VALUES:,} values once its YAML aliases are expanded (a 'billion laughs' "
+                       "document, whose repr in an error message never ends): not run settings")
+MAX_YAML_DEPTH = 32        # a run config nests three levels (hparams, clock, schedule, public ...)
+
+
+def _shape_problem(value) -> str | None:
+    """Why a YAML value cannot be run settings: more than MAX_YAML_VALUES values with its aliases expanded (issue 33:
+    ten nested lists of ten aliases each hung the config check), or nested deeper than MAX_YAML_DEPTH (issue 52:
+    10,000 nested lists overflowed Python's stack in every later step). Iterative: it cannot overflow itself."""
+    todo, seen = [(value, 1)], 0
+    while todo:
+        v, depth = todo.pop()
+        seen += 1
+        if seen > MAX_YAML_VALUES:
+            return MAX_YAML_VALUES_SAY
+        if depth > MAX_YAML_DEPTH:
+            return f"nested more than {MAX_YAML_DEPTH} levels deep: not run settings"
+        if isinstance(v, dict):
+            todo += [(x, depth + 1) for x in (*v.keys(), *v.values())]
+        elif isinstance(v, (list, tuple)):
+            todo += [(x, depth + 1) for x in v]
+    return None
+
+
+def load_yaml(text: str, what: str):
+    """Settings written as YAML (a --config file, an override's value), refused in one line naming `what` when they
+    are not YAML, repeat a key (YAML would keep the last silently: `lr: 0.05` then `lr: 0.5` trained at 0.5), nest too
+    deep (PyYAML's composer recurses) or expand to too many values."""
+    import yaml
+
+    class Strict(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise ConfigError(f"{what}: the key {key!r} appears twice (line {key_node.start_mark.line + 1}); "
+                                  "YAML would keep the last one silently")
+            seen.add(key) if isinstance(key, (str, int, float, bool)) else None
+        return loader.construct_mapping(node, deep=deep)
+
+    Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    try:
+        value = yaml.load(text, Loader=Strict)
+    except RecursionError:
+        raise ConfigError(f"{what}: nested more than {MAX_YAML_DEPTH} levels deep: not run settings") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if (why := _shape_problem(value)) is not None:
+        raise ConfigError(f"{what}: {why}")
+    return value

@@ -9,3 +9,21 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def results_root() -> Path:
     return Path(os.environ.get("PFLREPRO_RESULTS", REPO_ROOT / "results"))
+
+
+def sweep_stale_tmp(folder: Path) -> list[Path]:
+    """Remove the temporary files `.<name>.<pid>.tmp` in `folder` whose writer process is gone (a kill mid-write leaves
+    one: the file it was writing is untouched, the temporary is garbage). A live process's are left alone."""
+    gone = []
+    for tmp in Path(folder).glob(".*.tmp") if Path(folder).is_dir() else ():
+        pid = tmp.name[:-4].rpartition(".")[2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+            gone.append(tmp)
+        except PermissionError:   # someone else's live process
+            pass
+    return gone

@@ -43,7 +43,7 @@ import pflrepro  # noqa: F401, I001  (first: its thread settings must precede to
 import torch
 
 from pflrepro.algorithms import ALGORITHMS
-from pflrepro.pipeline.store import WALL_COLUMNS, is_finished, load_result, run, run_dir
+from pflrepro.pipeline.store import WALL_COLUMNS, is_finished, load_checkpoint, load_result, run, run_dir
 
 SMOKE = {"dataset": "fmnist", "subsample": 0.02, "n_clients": 4, "partition": "iid", "split": "random",
          "split_params": {"fractions": [0.8, 0.2]}, "model": "cnn_cifar10", "rounds": 1, "local_epochs": 1,
@@ -293,7 +293,7 @@ def history_of(cfg, root: Path) -> tuple[list, bool]:
     if is_finished(path):
         return load_result(path).history, True
     if (path / "checkpoint.pt").exists():
-        return torch.load(path / "checkpoint.pt", map_location="cpu", weights_only=True)["history"], False
+        return load_checkpoint(path / "checkpoint.pt", cfg)["history"], False
     return [], False
 
 

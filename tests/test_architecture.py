@@ -107,13 +107,11 @@ def test_a_run_reaches_only_modules_in_its_address():
     """Every pflrepro module the run store reaches through imports (function-level ones too) is in the address,
     except the few that only drive a run: the store itself, its progress heartbeat, the package roots, the version
     string, where results live, the GPU share (pipeline.gpu: a memory cap and a refusal before round 1) and the
-    training lock (pipeline.locks) and the tensor caches' check (pipeline.datacache: the content is pinned by its
-    source's digests, which are in the address)."""
+    training lock (pipeline.locks). The tensor caches' check is in data.datasets, in the address."""
     graph = grimp.build_graph("pflrepro", exclude_type_checking_imports=True)
     reached = graph.find_upstream_modules("pflrepro.pipeline.store")
     drivers = {"pflrepro", "pflrepro.version", "pflrepro.paths", "pflrepro.pipeline", "pflrepro.pipeline.progress",
-               "pflrepro.pipeline.gpu", "pflrepro.pipeline.locks",
-               "pflrepro.pipeline.datacache"}
+               "pflrepro.pipeline.gpu", "pflrepro.pipeline.locks"}
     in_address = {"pflrepro." + f[:-3].replace("/", ".").removesuffix(".__init__") for f in _rel(result_code(None))}
     assert reached - drivers - {"pflrepro.algorithms"} <= in_address, reached - drivers - in_address
     assert {"pflrepro.core.loop", "pflrepro.core.batched", "pflrepro.federation.build"} <= reached

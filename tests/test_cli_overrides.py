@@ -125,7 +125,7 @@ def test_parse_overrides_refuses_malformed_pairs_as_config_errors():
     line from main, rc 2), where `run foo` used to exit 1."""
     assert cli.parse_overrides(["a=1", "b.c=x", "seeds=[0, 2]"]) == {"a": 1, "b": {"c": "x"}, "seeds": [0, 2]}
     for pairs, msg in [(["foo"], "expected key=value, got 'foo'"), (["=1"], "expected key=value"),
-                       (["h=1", "h.mu=2"], "h.mu=2: h is set to a value"), (["seeds=[0"], "seeds=[0: not a YAML")]:
+                       (["h=1", "h.mu=2"], "h.mu=2: h is set to a value"), (["seeds=[0"], "seeds=[0: not valid YAML")]:
         with pytest.raises(ConfigError, match=msg.replace("[", r"\[")):
             cli.parse_overrides(pairs)
 
@@ -149,7 +149,7 @@ def test_cost_takes_overrides_anywhere_on_its_line(params, monkeypatch, capsys):
     (["train", "p", "--profile", "mini", "rounds=0"], "rounds=0: must be >= 1"),
     (["train", "p", "hparams.mu=0.1"], "method=fedavg setting=a: hparams.mu=0.1: unknown key"),
     (["train", "p", "seeds=[-1]"], "seeds=[-1]: expected a non-empty list"),
-    (["train", "p", "seeds=[0"], "seeds=[0: not a YAML value"),
+    (["train", "p", "seeds=[0"], "seeds=[0: not valid YAML"),
     (["cost", "p", "--profile", "mini", "device=tpu"], "device='tpu'"),
     (["tune", "p", "--profile", "mini", "roundz=2"], "roundz=2: unknown key"),
     (["tune", "p", "--profile", "mini", "hparams.mu=0.5"], "hparams.mu: `tune` searches it"),

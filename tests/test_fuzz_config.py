@@ -87,7 +87,7 @@ class Case:
         return f"[{self.family}] " + " ".join((*config, *self.args))
 
 
-MISSING, DIRECTORY = "<missing>", "<directory>"
+MISSING, DIRECTORY, EMPTY_PATH = "<missing>", "<directory>", "<empty path>"
 
 
 # ---------------------------------------------------------------- values from a Param
@@ -301,6 +301,12 @@ NAMED = {
         "split_params.scale", ("split=global_test_by_proportion", "split_params.scale=0.001"), "refuse"),
     "billion laughs on the command line": ("lr", ("lr=[&a [1,1,1,1,1,1,1,1,1,1,1], [" + ",".join(["*a"] * 1000) +
                                                   "]]",), "refuse"),
+    # issue 52: tracebacks where one line was due
+    "a list nested 10,000 deep on the command line": ("lr", ("lr=" + "[" * 10_000 + "]" * 10_000,), "refuse"),
+    "a list nested 3,000 deep on the command line": ("lr", ("lr=" + "[" * 3_000 + "]" * 3_000,), "refuse"),
+    "a key 100 levels deep": ("a.a.a", (".".join(["a"] * 100) + "=1",), "refuse"),
+    "a fraction that is not a number": ("split_params.fractions", ("split_params.fractions=[a,0.2]",), "refuse"),
+    "a public set larger than the data": ("public.size", ("algorithm=feddf", "public.size=1000000000"), "refuse"),
 }
 
 
@@ -335,6 +341,13 @@ CONFIG_FILES = {   # name -> (file content, what a refusal names, expect)
     "a number as key": ("1: 2\n", "1", "refuse"),
     "a number and a name as unknown keys": ("1: 2\nfoo: 3\n", "", "refuse"),
     "a null key": ("null: 1\n", "None", "refuse"),
+    # issue 52
+    "nested 10,000 deep": ("lr: " + "[" * 10_000 + "]" * 10_000 + "\n", "--config", "refuse"),
+    "a mapping nested 3,000 deep": ("".join(f"{'  ' * i}a:\n" for i in range(3_000)) + "  " * 3_000 + "1\n",
+                                    "--config", "refuse"),
+    "a duplicate key": ("lr: 0.05\nlr: 0.5\n", "--config", "refuse"),
+    "a duplicate nested key": ("hparams:\n  mu: 0.1\n  mu: 0.2\n", "--config", "refuse"),
+    "an empty path": (EMPTY_PATH, "--config", "refuse"),
 }
 
 
@@ -369,11 +382,11 @@ def run_case(case: Case, store, alarm: int = ALARM_SECONDS) -> str | None:
     opts = ()
     if case.file is not None:
         path = store.parent / ("missing.yaml" if case.file == MISSING else "config.yaml")
-        if case.file == DIRECTORY:
-            path = store.parent
+        if case.file in (DIRECTORY, EMPTY_PATH):
+            path = store.parent if case.file == DIRECTORY else ""
         elif isinstance(case.file, bytes):
             path.write_bytes(case.file)
-        elif case.file != MISSING:
+        elif case.file not in (MISSING, EMPTY_PATH):
             path.write_text(case.file)
         opts = ("--config", str(path))
     argv = ["run", "--quiet", *opts, *TINY, *case.args]
@@ -453,3 +466,30 @@ def test_bad_and_borderline_configs_are_refused_in_one_line_or_run_cleanly(famil
     """Each family's cases: refused in one 'config error:' line naming the key (exit 2, nothing in the store), or a
     clean tiny run (exit 0); never a traceback or a hang; a value its Param refuses is refused, a baseline runs."""
     check(FAMILIES[family](), store)
+
+
+@pytest.mark.parametrize("how", ("enospc", "erofs"))
+def test_a_full_or_read_only_disk_at_every_operation_is_one_line(how, store):
+    """Issue 52: a tiny run through a fault-injecting file layer (tests/faultfs.py) failing, in turn, each write,
+    rename, mkdir, unlink and lock creation in the store with ENOSPC (half the bytes written) or EROFS: exit 0 (a
+    heartbeat is not worth a run) or exit 1 with one 'storage error:' line, never a traceback, and no temporary file
+    left behind."""
+    from tests.faultfs import Layer, installed
+    store.mkdir(parents=True)
+    with installed(Layer(store)) as layer:
+        assert cli.main(["run", "--quiet", *TINY]) == 0
+    shutil.rmtree(store / "runs")
+    fails = []
+    for at in range(len(layer.ops)):
+        err = io.StringIO()
+        with installed(Layer(store, at, how)), contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                rc = cli.main(["run", "--quiet", *TINY])
+            except BaseException as e:   # noqa: BLE001 - a traceback is the failure this test looks for
+                rc = f"raised {type(e).__name__}: {e}"
+        lines = err.getvalue().splitlines()
+        tmp = [p.name for p in store.rglob("*") if p.name.endswith(".tmp")]
+        if not (rc == 0 or rc == 1 and len(lines) == 1 and lines[0].startswith("storage error: ")) or tmp:
+            fails.append((at, layer.ops[at], rc, lines[-3:], tmp))
+        shutil.rmtree(store / "runs", ignore_errors=True)
+    assert not fails, fails

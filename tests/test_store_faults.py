@@ -19,6 +19,7 @@ from pflrepro.federation.config import RunConfig
 from pflrepro.paths import REPO_ROOT
 from pflrepro.pipeline import store as S
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
+from tests.storetools import edit_checkpoint, nudge_first_weight
 
 pytestmark = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
 
@@ -55,10 +56,7 @@ def _edit(path):
         with open(path, "wb") as f:
             np.savez_compressed(f, **z)
     elif name == "checkpoint.pt":
-        d = torch.load(path, weights_only=True)
-        first = next(iter(d["server"]["params"]))
-        d["server"]["params"][first] = d["server"]["params"][first] + 1e-3
-        torch.save(d, path)
+        edit_checkpoint(path, nudge_first_weight)
     else:
         raise AssertionError(name)
 
@@ -94,9 +92,9 @@ FINISHED_FILES = ("config.json", "metrics.csv", "per_client.csv", "summary.json"
 
 @pytest.mark.parametrize("what", FINISHED_FILES)
 def test_a_damaged_finished_run_is_never_served_and_is_recomputed(tmp_path, clean, what, capsys):
-    """A finished run with one file damaged each of five ways: served only if it still verifies (a deleted manifest:
-    the files are checked without hashes and the manifest is written again), else moved aside whole, said in one
-    line, and recomputed to the same bits."""
+    """A finished run with one file damaged each of five ways: served only if it still verifies (a deleted manifest
+    leaves nothing that vouches for the files: issue 52), else moved aside whole, said in one line, and recomputed to
+    the same bits."""
     root = tmp_path / "runs"
     ref = S.run(CFG, root=root, progress=False)
     for how in DAMAGES:
@@ -105,24 +103,22 @@ def test_a_damaged_finished_run_is_never_served_and_is_recomputed(tmp_path, clea
         res = S.run(CFG, root=root, progress=False)
         assert _numbers(res) == clean, (what, how)
         moved = set(S.quarantine_root(ref.path).glob("*")) - before if S.quarantine_root(ref.path).exists() else set()
-        if (what, how) == ("manifest.json", "delete"):
-            assert not moved and (ref.path / "manifest.json").exists()       # verified again, without hashes
-        else:
-            assert len(moved) == 1, (what, how)
-            (m,) = moved
-            assert (m / "config.json").exists() or what == "config.json" and how == "delete", (what, how)
-            err = capsys.readouterr().err
-            assert f"run {ref.path.name}: " in err and "recomputing" in err and err.count("\n") == 1, err
+        assert len(moved) == 1, (what, how)
+        (m,) = moved
+        assert (m / "config.json").exists() or what == "config.json" and how == "delete", (what, how)
+        err = capsys.readouterr().err
+        assert f"run {ref.path.name}: " in err and "recomputing" in err and err.count("\n") == 1, err
         assert S.verify(ref.path, RunConfig.from_dict(CFG))       # what is left verifies
 
 
-def test_without_a_manifest_the_partition_must_parse(tmp_path, clean):
-    """A partition.npz is parsed on serve only where no manifest vouches for its bytes (a run stored before manifests):
-    there, one that does not parse is damage; with a manifest its sha256 decides (the test above)."""
+def test_without_a_manifest_nothing_is_served(tmp_path, clean):
+    """A finished run whose manifest is gone is not served on any weaker check (issue 52: legacy adoption checked only
+    the config and the summary, and served an edited per_client.csv): it is moved aside and recomputed."""
     root = tmp_path / "runs"
     ref = S.run(CFG, root=root, progress=False)
     (ref.path / S.MANIFEST).unlink()
     (ref.path / "partition.npz").write_bytes(b"not a zip")
+    assert not S.is_finished(ref.path)
     res = S.run(CFG, root=root, progress=False)
     assert _numbers(res) == clean
     assert len(list(S.quarantine_root(ref.path).glob("*"))) == 1 and (ref.path / S.MANIFEST).exists()
@@ -165,7 +161,7 @@ def test_a_damaged_unfinished_run_resumes_or_restarts_to_the_same_bits(tmp_path,
                                   "manifest.json", "checkpoint"))
 def test_a_kill_at_every_completion_write_ends_in_the_same_bits(tmp_path, clean, step):
     """SIGKILL just before each write of a run's completion: the next call finishes it (resumes from the checkpoint,
-    or verifies and adopts what was all written) with the same metrics, a manifest, and no checkpoint left."""
+    or serves what was all written) with the same metrics, a manifest, and no checkpoint left."""
     env = {**os.environ, "PFLREPRO_RESULTS": str(tmp_path), "PFLREPRO_DIE_BEFORE": step}
     cmd = [sys.executable, "-m", "pflrepro", "run", "--quiet", *_cli_args()]
     p = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
@@ -224,15 +220,14 @@ def test_a_run_whose_metrics_are_not_finite_fails_in_one_line_and_stores_nothing
 def test_a_bad_fmnist_tensor_cache_is_set_aside_and_rebuilt_before_a_run_reads_it(tmp_path, monkeypatch, clean, how,
                                                                                    capsys):
     """The tensor cache is read before the hash-checked IDX files: one with wrong labels (or not loadable at all) is
-    detected by the source's digests, moved aside, rebuilt, said in one line; the run trains on the real data (the
-    same bits as with a good cache), and `python -m pflrepro data fmnist` reports the check."""
+    detected by the source's digests as it is read, moved aside, rebuilt, said in one line; the run trains on the real
+    data (the same bits as with a good cache), and `python -m pflrepro data fmnist` reports the check."""
     from pflrepro.cli import main
     from pflrepro.data import datasets as D
     from pflrepro.federation import build
-    from pflrepro.pipeline import datacache
     monkeypatch.setenv("PFLREPRO_TENSOR_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(build, "_RAW_CACHE", {})
-    datacache.check.cache_clear()
+    monkeypatch.setattr(D, "CACHE_REBUILT", {})
     good = D.load_dataset("fmnist")
     bad = tmp_path / "cache" / "fmnist.pt"
     if how == "labels":
@@ -245,11 +240,10 @@ def test_a_bad_fmnist_tensor_cache_is_set_aside_and_rebuilt_before_a_run_reads_i
     err = capsys.readouterr().err
     assert f"tensor cache {bad}: " in err and "rebuilt from the checked source" in err, err
     assert _numbers(res) == clean
-    assert datacache.problem("fmnist") is None and len(list(bad.parent.glob("fmnist.pt.bad-*"))) == 1
-    datacache.check.cache_clear()
+    assert len(list(bad.parent.glob("fmnist.pt.bad-*"))) == 1 and not list(bad.parent.glob("*.tmp"))
+    monkeypatch.setattr(D, "CACHE_REBUILT", {})
     assert main(["data", "fmnist"]) == 0
     assert json.loads(capsys.readouterr().out)["tensor_cache"] == "checked"
-    datacache.check.cache_clear()
 
 
 def test_a_grid_names_its_failed_runs_and_trains_the_others(tmp_path, capsys, monkeypatch):

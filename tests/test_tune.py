@@ -62,7 +62,7 @@ def test_diverged_runs_are_the_started_unfinished_ones_of_a_divergence(tmp_path)
 
     from .conftest import small_cfg
     cfgs = {k: RunConfig.from_dict(small_cfg(seed=k)) for k in range(3)}
-    for k, files in ((0, ("config.json", "summary.json")), (1, ("config.json",))):   # 0 finished, 1 started, 2 not
+    for k, files in ((0, ("config.json", "manifest.json")), (1, ("config.json",))):   # 0 finished, 1 started, 2 not
         d = run_dir(cfgs[k], tmp_path)
         d.mkdir(parents=True)
         for f in files:

@@ -5,7 +5,8 @@ and test halves; `FedData` then normalises once to float32 and clients index int
 No DataLoader anywhere: a client's batch is `x[idx]`.
 
 Lookup order for a real dataset:
-0. The tensor cache data/<name>.pt written by the DVC `data` stage (uint8 tensors).
+0. The tensor cache data/<name>.pt written by the DVC `data` stage (uint8 tensors); Fashion-MNIST's is checked
+   against its source's digests before it is read, and rebuilt from the checked source when it differs.
 1. Fashion-MNIST only: the Debian package `dataset-fashion-mnist`
    (IDX .gz under /usr/share/datasets/fashion-mnist/, checked by decoded content).
 2. A torchvision root (`$PFLREPRO_DATA`, default `~/.cache/pflrepro/data`) that
@@ -30,12 +31,15 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
+
+from ..paths import sweep_stale_tmp
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
@@ -232,19 +236,79 @@ def tensor_cache_dir() -> Path:
 
 
 def save_tensor_cache(ds: RawDataset, path: Path) -> Path:
-    """uint8/int64 tensors only, so `torch.load(weights_only=True)` reads it back safely."""
+    """uint8/int64 tensors only, so `torch.load(weights_only=True)` reads it back safely. Written by rename (a
+    temporary file per process, removed when the write fails: a full disk leaves nothing behind)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"name": ds.spec.name, "source": ds.source, "x_train": ds.x_train, "y_train": ds.y_train,
-                "x_test": ds.x_test, "y_test": ds.y_test}, tmp)
-    os.replace(tmp, path)
+    sweep_stale_tmp(path.parent)   # a killed writer's
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        torch.save({"name": ds.spec.name, "source": ds.source, "x_train": ds.x_train, "y_train": ds.y_train,
+                    "x_test": ds.x_test, "y_test": ds.y_test}, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
+def _cache_parts(d: dict) -> dict:
+    """A cache's content as the source's digests see it: decoded uint8 images and labels, per file."""
+    return {"train-images-idx3-ubyte.gz": d["x_train"], "train-labels-idx1-ubyte.gz": d["y_train"],
+            "t10k-images-idx3-ubyte.gz": d["x_test"], "t10k-labels-idx1-ubyte.gz": d["y_test"]}
+
+
+def _cache_problem(d) -> str | None:
+    """Why a loaded Fashion-MNIST cache is not Fashion-MNIST (None: its content has the published digests)."""
+    try:
+        parts = _cache_parts(d)
+    except (KeyError, TypeError) as e:
+        return f"does not hold a dataset ({type(e).__name__})"
+    for fname, t in parts.items():
+        ok = torch.is_tensor(t) and not t.dtype.is_floating_point and hashlib.sha256(
+            t.to(torch.uint8).contiguous().numpy().tobytes()).hexdigest() == FMNIST_SHA256[fname]
+        if not ok:
+            return (f"its {fname.split('-')[0]} {'images' if 'images' in fname else 'labels'} differ from "
+                    "Fashion-MNIST's (sha256 of the decoded content)")
+    return None
+
+
+CACHE_REBUILT: dict = {}   # name -> why its tensor cache was set aside and rebuilt, in this process (the `data` verb)
+
+
+def _rebuild_tensor_cache(spec: DatasetSpec, path: Path, why: str) -> RawDataset:
+    """Set a bad cache aside (never deleted), say so in one line, and rebuild it from the checked source."""
+    import sys
+    import time
+    dest = path.with_name(f"{path.name}.bad-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    print(f"[pflrepro] tensor cache {path}: {why}; set aside as {dest}, rebuilt from the checked source",
+          file=sys.stderr, flush=True)
+    CACHE_REBUILT[spec.name] = why
+    ds = _load_source(spec, download=False)
+    try:   # kept aside first (a second name for it), then replaced in one rename: a kill leaves the bad cache, which
+        os.link(path, dest)                                  # the next read finds again, or the good one
+    except OSError:
+        shutil.copy2(path, dest)   # a file system without hard links
+    save_tensor_cache(ds, path)
+    return ds
+
+
 def _load_tensor_cache(spec: DatasetSpec, path: Path) -> RawDataset:
-    d = torch.load(path, map_location="cpu", weights_only=True)
-    if d.get("name") != spec.name:
-        raise DatasetUnavailable(f"{path}: holds dataset {d.get('name')!r}, not {spec.name!r}")
+    """A tensor cache, checked before anything reads it: Fashion-MNIST's against the decoded-content sha256 of its
+    source (`FMNIST_SHA256`, the digests the IDX loader checks), so a run never trains on something else under the
+    same content address; one that does not load or does not match is set aside and rebuilt from the checked source.
+    Datasets with no published digest (the user's CIFAR, iNaturalist caches) are only as good as their files."""
+    try:
+        d = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:   # noqa: BLE001 - torch's unpickler, zip: the cache is unusable
+        if spec.name == "fmnist":
+            return _rebuild_tensor_cache(spec, path, f"does not load ({type(e).__name__})")
+        raise DatasetUnavailable(f"{path}: the tensor cache does not load ({type(e).__name__}); delete it or write "
+                                 f"it again (`python -m pflrepro data {spec.name} --save {path}`)") from None
+    if spec.name == "fmnist" and (why := _cache_problem(d)) is not None:
+        return _rebuild_tensor_cache(spec, path, why)
+    if not isinstance(d, dict) or d.get("name") != spec.name:
+        raise DatasetUnavailable(f"{path}: holds dataset {d.get('name') if isinstance(d, dict) else None!r}, "
+                                 f"not {spec.name!r}")
     ds = RawDataset(spec, d["x_train"], d["y_train"], d["x_test"], d["y_test"], source=f"{d['source']} (cache {path})")
     _check_shapes(ds)
     return ds
@@ -252,18 +316,23 @@ def _load_tensor_cache(spec: DatasetSpec, path: Path) -> RawDataset:
 
 def load_dataset(name: str, download: bool = False, fake_scale: float = 1.0) -> RawDataset:
     """Load a registered dataset as uint8 tensors (see module docstring for lookup order;
-    a tensor cache written by the DVC `data` stage, data/<name>.pt, is tried first)."""
+    a tensor cache written by the DVC `data` stage, data/<name>.pt, is tried first, checked: `_load_tensor_cache`)."""
     if name not in SPECS:
         raise ValueError(f"unknown dataset '{name}'; available: {', '.join(DATASETS)}")
     spec = SPECS[name]
     if name.startswith("fake-"):
         return _fake(spec, fake_scale)
     cached = tensor_cache_dir() / f"{name}.pt"
+    sweep_stale_tmp(cached.parent)   # a killed writer's
     if cached.exists() and not spec.domains:   # the cache holds no domain ids
         return _load_tensor_cache(spec, cached)
+    return _load_source(spec, download)
+
+
+def _load_source(spec: DatasetSpec, download: bool) -> RawDataset:
     if spec.loader is not None:
         return spec.loader(spec)
-    if name == "fmnist":
+    if spec.name == "fmnist":
         for folder in (DEBIAN_FMNIST, data_root() / "FashionMNIST" / "raw"):
             if all((folder / f).exists() for f in FMNIST_SHA256):
                 return _load_fmnist_idx(folder)

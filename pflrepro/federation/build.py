@@ -72,7 +72,7 @@ def build_partition(cfg: RunConfig) -> dict:
         raise ConfigError(f"split={cfg.split}: {e}") from None
     empty = [k for k, tr in enumerate(split["train"]) if len(tr) == 0]
     if empty:
-        raise ValueError(f"partition '{cfg.partition}' with {cfg.partition_params} left clients {empty[:10]} "
+        raise ConfigError(f"partition '{cfg.partition}' with {cfg.partition_params} left clients {empty[:10]} "
                          f"with no training data; use fewer clients or a different partition")
     return {"train": split["train"], "test": split["test"], "val": split.get("val", [np.array([], np.int64)] * len(parts))}
 
@@ -172,7 +172,7 @@ def public_indices(cfg: RunConfig, split: dict | None = None) -> np.ndarray:
         split = build_partition(cfg) if split is None else split
         free = np.setdiff1d(free, _used_indices(cfg, split, pub["split"]))
     if len(free) < pub["size"]:
-        raise ValueError(f"public.size={pub['size']}: only {len(free)} samples of {name}/{pub['split']} are left "
+        raise ConfigError(f"public.size={pub['size']}: only {len(free)} samples of {name}/{pub['split']} are left "
                          f"after the run's clients and test sets take theirs; lower public.size or subsample, or "
                          f"draw from another split or dataset (public.split / public.dataset)")
     rng = np.random.default_rng(derive_seed(cfg.seed, 0x9B1))

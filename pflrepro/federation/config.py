@@ -139,6 +139,9 @@ class RunConfig:
         top["schedule"] = check_params("schedule", top["schedule"], schedule.SCHEDULE_SCHEMA)
         _check_train_choices(top["split_params"])
         fr = top["split_params"].get("fractions")
+        if fr is not None and not all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f)
+                                      for f in fr):
+            raise ConfigError(f"split_params.fractions={list(fr)!r}: every fraction must be a finite number")
         if fr is not None and (len(fr) not in (2, 3) or any(f < 0 for f in fr) or sum(fr) > 1 + 1e-9):
             raise ConfigError(f"split_params.fractions={list(fr)!r}: 2 or 3 non-negative fractions summing to <= 1")
         pp = top["partition_params"]

@@ -25,12 +25,12 @@ def new_client_accuracy(result, epochs: int) -> dict:
     stored run (`RunResult`) with `new_clients` > 0, after `epochs` epochs of fine-tuning from its final GM."""
     from ..algorithms import ALGORITHMS
     from ..federation.build import build_context, resolve_device
-    from ..pipeline.store import _load_partition
+    from ..pipeline.store import _load_partition, load_checkpoint
     cfg = result.config
     if cfg.new_clients <= 0:
         raise ValueError(f"{result.path.name}: new_clients=0, no client joined after training")
     device = resolve_device(cfg.device)
-    ckpt = torch.load(result.path / "checkpoint.pt", map_location=device, weights_only=True)
+    ckpt = load_checkpoint(result.path / "checkpoint.pt", cfg, device)   # bound to this run, or Damaged
     if int(ckpt["round"]) != cfg.rounds:
         raise ValueError(f"{result.path.name}: the checkpoint is at round {ckpt['round']}, not the last ({cfg.rounds})")
     ctx = build_context(cfg, device, _load_partition(result.path))

@@ -92,7 +92,8 @@ def check_datasets(configs: list[RunConfig]) -> None:
     """Load every dataset the runs read (their data and public sets) before the first one trains: a paper-profile
     grid whose later rows need a dataset this machine lacks stops now with the loader's message (what to install,
     where to put files), not after hours of training its first rows. The loads are the ones the runs in this
-    process make anyway (federation.build.raw_dataset keeps them). A Ray driver does not check: its nodes hold the data."""
+    process make anyway (federation.build.raw_dataset keeps them; a tensor cache is checked against its source as it is
+    read, data.datasets). A Ray driver does not check: its nodes hold the data."""
     from ..federation.build import raw_dataset
     names = {c.dataset for c in configs} | {c.public["dataset"] for c in configs if c.public.get("dataset")}
     for name in sorted(names):
@@ -249,13 +250,12 @@ def write_run(path: Path, files: dict) -> None:
     reader never finds a run half written."""
     from .progress import HEARTBEAT
     path.mkdir(parents=True, exist_ok=True)
-    from .store import CKPT_SHA, MANIFEST, _write_atomic
+    from .store import MANIFEST, _write_atomic
     for f in sorted(files, key=lambda f: (f == MANIFEST, f == "summary.json")):
         _write_atomic(path / f, files[f])
     (path / HEARTBEAT).unlink(missing_ok=True)
     if "checkpoint.pt" not in files:   # the finished run dropped it (store.keeps_checkpoint): not one shipped mid-run
         (path / "checkpoint.pt").unlink(missing_ok=True)
-        (path / CKPT_SHA).unlink(missing_ok=True)
 
 
 class _Shipper:

@@ -69,11 +69,15 @@ class Heartbeat:
             return
         self.last = t
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"round": int(rnd), "rounds": int(self.rounds)}))
-        tmp.replace(self.path)
+        try:
+            tmp.write_text(json.dumps({"round": int(rnd), "rounds": int(self.rounds)}))
+            tmp.replace(self.path)
+        except OSError:   # a full disk: progress is not worth a run; the checkpoint's write says so in one line
+            tmp.unlink(missing_ok=True)
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
+        self.path.with_suffix(".tmp").unlink(missing_ok=True)   # a killed writer's
 
 
 class GridLog:

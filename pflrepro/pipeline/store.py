@@ -8,22 +8,27 @@ full validated config and of the result-affecting source code) holds
 - summary.json     best round and mean of the last 10 evaluations, per metric
 - provenance.json  git commit, package versions, seed, device, wall time, bytes, FLOPs
 - partition.npz    the client index arrays actually used
-- checkpoint.pt    the latest state (tensors only; read with weights_only=True); a finished run drops it
-                   unless a later stage reads it (`keeps_checkpoint`)
+- checkpoint.pt    the latest state (tensors only; read with weights_only=True) in one record bound to its run: a
+                   header with the state's sha256, the run's address (config and code) and its round, then the
+                   state (`checkpoint_bytes`, `load_checkpoint`). A finished run drops it unless a later stage
+                   reads it (`keeps_checkpoint`)
 - manifest.json    written last, by rename: every result file with its size and sha256. A run is finished
                    exactly when its manifest exists; before that it is an unfinished run that resumes.
 Running the same config again returns the stored result, verified first (`verify`: the manifest's sizes and
-hashes, config.json equal to the requested config, the summary recomputable from the metrics); a run that fails
-verification is moved aside to `<store>-quarantine/` (nothing is deleted), the user is told in one line, and it
-is recomputed (from its checkpoint when that verifies). A killed run resumes from its checkpoint and ends with
-exactly the metrics of an uninterrupted one; a checkpoint or partition that cannot be read is set aside the same
-way and the run starts afresh. One process trains a run at a time (`train_lock`): a second one on the same run
-waits for it, then serves its result. A run stored before manifests existed is verified the same way, without
-hashes, and gets its manifest (adopted).
+hashes, config.json equal to the requested config, the summary recomputable from the metrics). Verifying only
+reads; a run that fails it is moved aside to `<store>-quarantine/` (nothing is deleted) under the run's training
+lock, after a second check there, the user is told in one line, and it is recomputed (from its checkpoint when that
+is bound to this run). A folder without a manifest is an unfinished run: it resumes from a bound checkpoint, or is
+recomputed from round 1 (a run whose manifest was deleted is moved aside first: no file of it is served without
+its hash). A killed run resumes from its checkpoint and ends with exactly the metrics of an uninterrupted one; a
+checkpoint or partition that cannot be used is set aside the same way and the run starts afresh. One process trains
+a run at a time (`train_lock`): a second one on the same run waits for it, then serves its result. A disk that is
+full or read-only is one line (`StoreUnwritable`), with no temporary file left behind.
 """
 from __future__ import annotations
 
 import csv
+import errno
 import hashlib
 import io
 import json
@@ -50,9 +55,9 @@ from ..core.loop import run_rounds
 from ..federation.build import build_context, build_partition
 from ..federation.config import RunConfig
 from ..params import ConfigError
-from ..paths import REPO_ROOT, results_root
+from ..paths import REPO_ROOT, results_root, sweep_stale_tmp
 from ..version import __version__
-from . import datacache, gpu
+from . import gpu
 from .progress import HEARTBEAT, Heartbeat
 
 METRICS = ("gm_acc", "pm_acc_mean", "pm_acc_weighted", "pm_acc_std", "pm_acc_min")
@@ -169,10 +174,18 @@ class RunFailed(ConfigError):
     and nothing stored as finished."""
 
 
+class StoreUnwritable(RuntimeError):
+    """The store cannot be written (a full disk, a read-only file system, no permission): one line, naming the run
+    and the error; temporary files are removed and a run keeps its last checkpoint, so the same command resumes it."""
+
+
+UNWRITABLE = (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EIO)
+
+
 def is_finished(path: Path) -> bool:
-    """Whether `path` holds a finished run (its manifest; or, from before manifests, its summary): the cheap test a
-    grid uses to plan; `verify` decides whether it is served."""
-    return (Path(path) / MANIFEST).exists() or (Path(path) / "summary.json").exists()
+    """Whether `path` holds a finished run (its manifest): the cheap test a grid uses to plan; `verify` decides
+    whether it is served."""
+    return (Path(path) / MANIFEST).is_file()
 
 
 def _sha256(path: Path) -> str:
@@ -180,10 +193,22 @@ def _sha256(path: Path) -> str:
 
 
 def _write_atomic(path: Path, text: str | bytes) -> None:
-    """Write by rename (a temporary file per process): a reader finds the old file or the whole new one."""
+    """Write by rename (a temporary file per process, removed when the write fails): a reader finds the old file or
+    the whole new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(text.encode() if isinstance(text, str) else text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(text.encode() if isinstance(text, str) else text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _pause(step: str) -> None:
+    """Test hook (tests/test_store_defects.py): sleep at `step` when $PFLREPRO_PAUSE_AT is `step:seconds`."""
+    at, _, seconds = os.environ.get("PFLREPRO_PAUSE_AT", "").partition(":")
+    if at == step:
+        time.sleep(float(seconds))
 
 
 def _die_before(step: str) -> None:
@@ -200,16 +225,14 @@ def write_manifest(path: Path, cfg: RunConfig) -> None:
     _write_atomic(path / MANIFEST, json.dumps({"config_sha256": cfg.key(), "files": files}, indent=1))
 
 
-def _check_files(path: Path, cfg: RunConfig) -> dict | None:
-    """The manifest's files against the folder (None for a run stored before manifests): Damaged on a difference."""
+def _check_files(path: Path, cfg: RunConfig) -> dict:
+    """The manifest's files against the folder: Damaged on a difference, or without a manifest."""
     try:
         cfg_on_disk = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise Damaged(f"config.json unreadable ({type(e).__name__})") from None
     if cfg_on_disk != json.loads(json.dumps(cfg.to_dict())):
         raise Damaged("config.json is not the requested config (edited, or another run's)")
-    if not (path / MANIFEST).exists():
-        return None
     try:
         manifest = json.loads((path / MANIFEST).read_text())
         files = manifest["files"]
@@ -232,22 +255,16 @@ def _check_files(path: Path, cfg: RunConfig) -> dict | None:
 def verify(path: Path, cfg: RunConfig) -> RunResult:
     """A finished run's result, served only if it verifies: config.json is the requested config, every file matches
     the manifest, and the files parse and agree (the summary is the metrics' summary, one per-client row a metrics
-    row). A run stored before manifests is checked without hashes and then given its manifest. Damaged otherwise."""
-    manifest = _check_files(path, cfg)
+    row). Damaged otherwise. It only reads: what it finds is moved aside under the run's lock (`_serve`)."""
+    _check_files(path, cfg)
     try:
         res = load_result(path)
-        if manifest is None:      # no sha256 vouches for the partition: it must at least parse (with one, parsing
-            _load_partition(path)  # its thousands of arrays was 75 % of a serve, and proves nothing more)
     except Exception as e:   # noqa: BLE001 - any parse failure of a stored file is damage, named here
         raise Damaged(f"a result file does not parse ({type(e).__name__}: {str(e)[:80]})") from None
     if json.dumps(summarise(res.history), sort_keys=True) != json.dumps(res.summary, sort_keys=True):   # NaN-safe
         raise Damaged("summary.json is not the summary of metrics.csv")
     if len(res.per_client) != len(res.history) or not res.history:
         raise Damaged("per_client.csv and metrics.csv disagree on the evaluated rounds")
-    if manifest is None:
-        write_manifest(path, cfg)   # a run stored before manifests (or killed just before its manifest): adopted
-    if not keeps_checkpoint(cfg) and (path / "checkpoint.pt").exists():
-        _drop_checkpoint(path)      # its trainer was killed between the manifest and this
     return res
 
 
@@ -256,7 +273,9 @@ def quarantine_root(path: Path) -> Path:
 
 
 def quarantine(path: Path, why: str, files: tuple = ()) -> Path:
-    """Move a damaged run (or some of its files) aside, never deleting anything; say so in one line."""
+    """Move a damaged run (or some of its files) aside, never deleting anything; say so in one line. Called only
+    under the run's training lock (`train_lock`), so it never moves a run another process is training."""
+    _pause("quarantine")
     dest = quarantine_root(path) / f"{path.name}-{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**9:09d}"
     dest.parent.mkdir(parents=True, exist_ok=True)
     if files:
@@ -271,32 +290,32 @@ def quarantine(path: Path, why: str, files: tuple = ()) -> Path:
     return dest
 
 
-def _salvage(path: Path) -> dict:
-    """Of a damaged finished run, the files a recomputation can start from: its checkpoint and partition where the
-    manifest vouches for them (their sha256)."""
-    try:
-        files = json.loads((path / MANIFEST).read_text())["files"]
-    except Exception:   # noqa: BLE001 - no manifest to vouch: start afresh
-        return {}
-    return {f: (path / f).read_bytes() for f in ("checkpoint.pt", "partition.npz")
-            if f in files and (path / f).exists() and _sha256(path / f) == files[f]["sha256"]}
-
-
 def _serve(path: Path, cfg: RunConfig) -> RunResult | None:
-    """The stored result if it verifies; else quarantine it (keeping what can restart it) and None."""
-    try:
-        return verify(path, cfg)
-    except Damaged as e:
-        try:
-            keep = _salvage(path) if "checkpoint.pt" in os.listdir(path) else {}
-            quarantine(path, str(e))
-        except FileNotFoundError:   # another process serving the same damaged run moved it first: it recomputes,
-            return None             # and our training lock waits for it
-        if "checkpoint.pt" in keep:
-            path.mkdir(parents=True)
-            for f, blob in keep.items():
-                (path / f).write_bytes(blob)
+    """Under the run's training lock: the stored result if it verifies, else None, having moved aside whatever is
+    there that is not an unfinished run of this config (a damaged finished run, a finished run without its manifest,
+    a file where the run's folder belongs). A bound checkpoint is put back (`load_checkpoint` checks it on resume)."""
+    if path.exists() and not path.is_dir():
+        quarantine(path, "its folder is a file")
         return None
+    if is_finished(path):
+        try:
+            res = verify(path, cfg)
+        except Damaged as e:
+            why = str(e)
+        else:
+            if not keeps_checkpoint(cfg):
+                _drop_checkpoint(path)     # its trainer was killed between the manifest and this
+            return res
+    elif (path / "summary.json").exists() and not (path / "checkpoint.pt").exists():
+        why = f"no {MANIFEST} vouches for its files (deleted?)"   # a finished run's, or one killed just before it
+    else:
+        return None                        # an unfinished run (or none): it resumes, or starts
+    keep = (path / "checkpoint.pt").read_bytes() if (path / "checkpoint.pt").is_file() else None
+    quarantine(path, why)
+    if keep is not None:
+        path.mkdir(parents=True)
+        _write_atomic(path / "checkpoint.pt", keep)
+    return None
 
 
 def _train_lock_file(path: Path) -> Path:
@@ -315,32 +334,64 @@ def train_lock(path: Path) -> int | None:
     return fd
 
 
-CKPT_SHA = "checkpoint.sha256"   # beside checkpoint.pt: its sha256, written with it (a resumed run checks it)
+CKPT_MAGIC = b"pflrepro-checkpoint/1\n"   # then one JSON line (the header), then the state as torch.save wrote it
 
 
-def _resume_point(cfg: RunConfig, path: Path, device) -> tuple[dict | None, dict]:
+def checkpoint_bytes(state: dict, run_key: str) -> bytes:
+    """One record of a run's state, bound to the run: a header with the state's sha256, the run's address
+    (`result_key`: its config and code) and round, then the state. Written in one rename, it cannot be half of a
+    pair, nor resume another run."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    header = {"sha256": hashlib.sha256(payload).hexdigest(), "run": run_key, "round": int(state["round"])}
+    return CKPT_MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
+
+
+def load_checkpoint(path: Path, cfg: RunConfig, device="cpu") -> dict:
+    """The state in `path` (a checkpoint.pt), loaded only if its record is whole and bound to `cfg`'s run (config
+    and code): Damaged, naming what is wrong, otherwise."""
+    blob = Path(path).read_bytes()
+    if not blob.startswith(CKPT_MAGIC) or b"\n" not in blob[len(CKPT_MAGIC):]:
+        raise Damaged("checkpoint.pt is not a pflrepro checkpoint record")
+    line, _, payload = blob[len(CKPT_MAGIC):].partition(b"\n")
+    try:
+        header = json.loads(line)
+        want, run_key, rnd = header["sha256"], header["run"], header["round"]
+    except (ValueError, KeyError, TypeError):
+        raise Damaged("checkpoint.pt's header does not parse") from None
+    if hashlib.sha256(payload).hexdigest() != want:
+        raise Damaged("checkpoint.pt differs from its sha256")
+    if run_key != result_key(cfg):
+        raise Damaged("checkpoint.pt is another run's (config or code)")
+    state = torch.load(io.BytesIO(payload), map_location=device, weights_only=True)
+    if not isinstance(state, dict) or not {"round", "server", "clients", "history", "per_client"} <= set(state):
+        raise Damaged("checkpoint.pt is not a pflrepro checkpoint")
+    if int(state["round"]) != rnd or any(int(r["round"]) > rnd for r in state["history"]):
+        raise Damaged("checkpoint.pt's round is not its state's")
+    return state
+
+
+def _resume_point(cfg: RunConfig, path: Path, device, split: dict) -> tuple[dict | None, dict]:
     """(checkpoint, partition) to resume an unfinished run from. The partition is rebuilt from the config (it is
-    deterministic) and must equal the stored one; the checkpoint must match its sha256 and load as a pflrepro
-    checkpoint. Either failing: both are set aside (quarantine) and the run starts from round 1."""
-    split = build_partition(cfg)
+    deterministic) and must equal the stored one where there is one; the checkpoint must be a whole record bound to
+    this run (`load_checkpoint`). Either failing: both are set aside (quarantine) and the run starts from round 1."""
     if not (path / "checkpoint.pt").exists():
         return None, split
     try:
-        want = (path / CKPT_SHA).read_text().strip() if (path / CKPT_SHA).exists() else None
-        if want is not None and _sha256(path / "checkpoint.pt") != want:
-            raise Damaged("checkpoint.pt differs from its sha256")
-        stored = _load_partition(path)
-        if [len(stored[p]) for p in split] != [len(split[p]) for p in split] or not all(
-                np.array_equal(a, b) for p in split for a, b in zip(stored[p], split[p])):
-            raise Damaged("partition.npz is not this config's partition")
-        start = torch.load(path / "checkpoint.pt", map_location=device, weights_only=True)
-        if not isinstance(start, dict) or not {"round", "server", "clients", "history", "per_client"} <= set(start):
-            raise Damaged("checkpoint.pt is not a pflrepro checkpoint")
-        return start, split
+        start = load_checkpoint(path / "checkpoint.pt", cfg, device)
+        if (path / "partition.npz").exists():
+            stored = _load_partition(path)
+            if [len(stored[p]) for p in split] != [len(split[p]) for p in split] or not all(
+                    np.array_equal(a, b) for p in split for a, b in zip(stored[p], split[p])):
+                raise Damaged("partition.npz is not this config's partition")
     except Exception as e:   # noqa: BLE001 - whatever stops a resume (torch's unpickler, zip, numpy): start afresh
         why = str(e) if isinstance(e, Damaged) else f"cannot resume from checkpoint.pt/partition.npz ({type(e).__name__})"
-        quarantine(path, why, ("checkpoint.pt", CKPT_SHA, "partition.npz"))
+        quarantine(path, why + "; the run starts from round 1", ("checkpoint.pt", "partition.npz"))
         return None, split
+    if not (path / "partition.npz").exists():   # moved aside with a damaged run: the checkpoint's run decides it
+        _save_partition(path, split)
+    return start, split
 
 
 def _prepare(cfg: RunConfig, path: Path, force: bool):
@@ -353,12 +404,14 @@ def _prepare(cfg: RunConfig, path: Path, force: bool):
             same = False
         if not same:
             quarantine(path, "the unfinished run's config.json is not the requested config")
+    split = build_partition(cfg)      # a setting the data refuses: before the folder exists
     path.mkdir(parents=True, exist_ok=True)
+    sweep_stale_tmp(path)             # a killed writer's temporaries (we hold the run's lock: no one writes here)
     _write_atomic(path / "config.json", json.dumps(cfg.to_dict(), indent=2, sort_keys=True))
     if force:
-        for f in (MANIFEST, "summary.json", "checkpoint.pt", CKPT_SHA):
+        for f in (MANIFEST, "summary.json", "checkpoint.pt"):
             (path / f).unlink(missing_ok=True)
-    start, split = _resume_point(cfg, path, device)
+    start, split = _resume_point(cfg, path, device, split)
     if start is None:
         _save_partition(path, split)
     ctx = build_context(cfg, device, split)
@@ -380,17 +433,43 @@ def _warn_torch_first() -> None:
 def run(cfg: RunConfig | dict, *, root: Path | str | None = None, progress: bool = True,
         force: bool = False) -> RunResult:
     """Run one config, or return its stored result (verified: module doc). Resumes from a checkpoint if one exists.
-    One process trains a run at a time: another on the same run waits, then serves what it stored."""
-    from .locks import unlock
+    One process trains a run at a time: another on the same run waits, then serves what it stored. Whatever is
+    moved aside or written is done under that lock; a verified result is served without it."""
     cfg = cfg if isinstance(cfg, RunConfig) else RunConfig.from_dict(cfg)
     path = run_dir(cfg, root)
-    if not force and is_finished(path) and (res := _serve(path, cfg)) is not None:
-        return res
+    if not force and is_finished(path):
+        try:
+            res = verify(path, cfg)
+        except (Damaged, OSError):
+            res = None             # decided again under the lock, where it may be moved aside
+        _pause("checked")
+        if res is not None and (keeps_checkpoint(cfg) or not (path / "checkpoint.pt").exists()) and not \
+                _train_lock_file(path).exists():   # else: tidied under the lock (a stray checkpoint, a lock file)
+            return res
     _warn_torch_first()
+    store_existed = path.parent.exists()
+    try:
+        return _locked(cfg, path, progress, force)
+    except BaseException as e:
+        if not store_existed:   # a refused run leaves no empty store behind
+            try:
+                path.parent.rmdir()
+            except OSError:
+                pass
+        if not isinstance(e, OSError) or e.errno not in UNWRITABLE:
+            raise
+        raise StoreUnwritable(f"run {path.name}: cannot write the store ({os.strerror(e.errno)}"
+                              f"{': ' + str(e.filename) if e.filename else ''}); nothing half-written is left, and "
+                              "the same command resumes from the run's last checkpoint") from None
+
+
+def _locked(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult:
+    from .locks import unlock
     fd = train_lock(path)
     try:
-        if not force and is_finished(path) and (res := _serve(path, cfg)) is not None:
-            return res          # the process we waited for trained it
+        _pause("locked")
+        if not force and (res := _serve(path, cfg)) is not None:
+            return res          # it verified (the process we waited for trained it)
         return _train(cfg, path, progress, force)
     finally:
         unlock(_train_lock_file(path), fd)
@@ -400,13 +479,11 @@ def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult
     created = not path.exists()
     # a setting the data refuses (more clients than samples), or a GPU share ($PFLREPRO_GPU_FRACTION) the run cannot
     # fit in (gpu.fit, before round 1), is refused here: leave no folder behind
-    for name in {cfg.dataset, cfg.public.get("dataset")} - {None, ""}:
-        datacache.check(name)     # a tensor cache that differs from its checked source is rebuilt first
     try:
         forked.env_cap()          # a malformed $PFLREPRO_CLIENT_PROCS: refused in one line, before any work
         start, ctx, algo = _prepare(cfg, path, force)
         gpu.fit(ctx, algo, start)
-    except ConfigError:
+    except BaseException:
         if created:
             shutil.rmtree(path, ignore_errors=True)
         raise
@@ -414,14 +491,11 @@ def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult
     git_at_start = git_commit()  # the code that runs is the code loaded now
     t0 = time.perf_counter()
     wall_before = float(start["wall_seconds"]) if start else 0.0
+    run_key = result_key(cfg)
 
     def save(state: dict):
         state = {**state, "wall_seconds": wall_before + time.perf_counter() - t0}
-        tmp = ckpt_path.with_name(f".checkpoint.{os.getpid()}.tmp")
-        torch.save(state, tmp)
-        digest = _sha256(tmp)
-        os.replace(tmp, ckpt_path)  # atomic: a kill never leaves a half-written checkpoint
-        _write_atomic(path / CKPT_SHA, digest)
+        _write_atomic(ckpt_path, checkpoint_bytes(state, run_key))   # one record: a kill never splits it
         die = os.environ.get("PFLREPRO_DIE_AFTER_ROUND")  # test hook: SIGKILL ourselves here
         if die is not None and int(die) == int(state["round"]):
             os.kill(os.getpid(), 9)
@@ -434,11 +508,12 @@ def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult
         if created and not ckpt_path.exists():             # batch or fit): nothing to resume, leave no folder behind
             shutil.rmtree(path, ignore_errors=True)
         raise           # (a Divergence keeps its folder: tune finds the runs that diverged by it)
-    beat.clear()
+    finally:
+        beat.clear()
     _check_finite(cfg, path, res.history, created)
     prov = provenance(cfg, ctx, wall_before + time.perf_counter() - t0, res, git_at_start)
-    summary = _complete(cfg, path, res, prov)
-    return RunResult(cfg, path, res.history, res.per_client, summary, prov)
+    _complete(cfg, path, res, prov)
+    return load_result(path)   # what a later serve returns, to the digit (per_client.csv holds 6 decimals)
 
 
 FINITE = ("pm_acc_mean", "pm_acc_weighted", "sim_time")   # gm_acc is NaN by design where there is no global model
@@ -456,14 +531,13 @@ def _check_finite(cfg: RunConfig, path: Path, history: list, created: bool) -> N
 
 
 def _drop_checkpoint(path: Path) -> None:
-    for f in ("checkpoint.pt", CKPT_SHA):
-        (path / f).unlink(missing_ok=True)
+    (path / "checkpoint.pt").unlink(missing_ok=True)
 
 
 def _complete(cfg: RunConfig, path: Path, res, prov: dict) -> dict:
     """Completion: the result files, each by rename, then the manifest (the run is finished from that rename on),
     then the checkpoint goes unless kept. A kill anywhere before the manifest leaves an unfinished run that resumes
-    from its checkpoint (or one `verify` adopts, when every file was written)."""
+    from its checkpoint."""
     _write_metrics(path, res.history, res.per_client)
     _die_before("provenance.json")
     _write_atomic(path / "provenance.json", json.dumps(prov, indent=2))
@@ -509,10 +583,9 @@ def prune_checkpoints(root: Path | str | None = None, dry_run: bool = False) -> 
 
 def _save_partition(path: Path, split: dict):
     arrays = {f"{part}_{k}": np.asarray(a, dtype=np.int64) for part, lst in split.items() for k, a in enumerate(lst)}
-    tmp = path / f".partition.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        np.savez_compressed(f, **arrays)
-    os.replace(tmp, path / "partition.npz")
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    _write_atomic(path / "partition.npz", buf.getvalue())
 
 
 def _load_partition(path: Path) -> dict:

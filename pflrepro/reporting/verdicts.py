@@ -33,7 +33,9 @@ effect (`a > b`: effect > 0; "within 0.9": effect in [-0.9, 0.9]). This module d
 4. **Power.** A comparison that neither holds nor fails is *underpowered* when the minimum detectable effect at
    this profile's seeds and spread, MDE = (t_{1-alpha, df} + t_{POWER, df}) * SE, exceeds the paper's own
    effect's distance from the boundary (the same comparison on the paper's printed numbers), and *inconclusive*
-   otherwise: the profile could have seen the paper's effect and did not decide. No interval: underpowered.
+   otherwise: the profile could have seen the paper's effect and did not decide. No interval: underpowered. That
+   is a comparison's label; a claim's is set from its power to hold the whole claim at the paper's own effects
+   (`power`, noncentral t; `claims._undecided_by_power`: inconclusive at >= 80 %).
 
 Nothing here reads files or knows about papers: numbers in, a `Decision` out.
 """
@@ -53,7 +55,7 @@ MIN_SEEDS = 3
 ALPHA = 0.05              # per side: P(holds) and P(fails) at a claim's boundary, each at most this
 CONFIDENCE = 1 - 2 * ALPHA    # the interval shown: its ends are the one-sided (1 - ALPHA) bounds
 POWER = 0.80
-INTERVAL_NAME = "90 % CI"     # what the report calls the interval shown (one-sided 95 % bounds)
+INTERVAL_NAME = f"{round(100 * CONFIDENCE)} % CI"   # what the report calls the interval shown: "90 % CI"
 
 
 @dataclass(frozen=True)
