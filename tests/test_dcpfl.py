@@ -22,7 +22,7 @@ from pflrepro.algorithms.stats import (
 from pflrepro.data.models import SplitModel
 from pflrepro.federation.build import build_context
 from pflrepro.federation.config import RunConfig
-from pflrepro.pipeline.store import run
+from pflrepro.pipeline.store import load_checkpoint, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -279,7 +279,7 @@ def test_heterogeneous_round_runs_and_counts_the_statistics_sent(store, algorith
     per_class = 8 + 8 + 500 * 4 + (500 * 500 * 4 if algorithm == "dcpfl" else 0)  # class id, count, mean, cov
     assert res.history[-1]["bytes_up"] == n_classes * per_class
     assert res.history[-1]["bytes_down"] == (0 if algorithm == "fedproto" else 5 * (500 * 10 + 10) * 4)
-    ckpt = torch.load(res.path / "checkpoint.pt", weights_only=True)  # tensors only
+    ckpt = load_checkpoint(res.path / "checkpoint.pt", res.config)  # tensors only
     assert set(ckpt["clients"]) == set(range(5))
 
 

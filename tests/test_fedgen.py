@@ -14,7 +14,7 @@ from pflrepro.core.context import train_one
 from pflrepro.core.training import ModelView
 from pflrepro.federation.build import build_context
 from pflrepro.federation.config import RunConfig
-from pflrepro.pipeline.store import run
+from pflrepro.pipeline.store import load_checkpoint, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 
@@ -130,5 +130,5 @@ def test_fedgen_learns_on_fmnist(store, monkeypatch):
     res = run(small_cfg(algorithm="fedgen", n_clients=5, local_epochs=2, rounds=4, lr=0.02, momentum=0.5, eval_every=4),
               progress=False)
     assert res.metric("gm_acc")[-1] > 0.5, res.metric("gm_acc")
-    ckpt = torch.load(res.path / "checkpoint.pt", weights_only=True)
+    ckpt = load_checkpoint(res.path / "checkpoint.pt", res.config)
     assert {"gen", "gen_opt", "prior"} <= set(ckpt["server"])

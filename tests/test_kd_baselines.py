@@ -12,7 +12,7 @@ from pflrepro.algorithms.fd import FD, distill_targets, per_class_average, pool_
 from pflrepro.algorithms.fedkd import FedKD, adaptive_mutual_loss, adaptive_weight, svd_compress
 from pflrepro.algorithms.fml import Pair, mutual_loss
 from pflrepro.data.models import build_model
-from pflrepro.pipeline.store import run
+from pflrepro.pipeline.store import load_checkpoint, run
 from tests.conftest import FMNIST_AVAILABLE, small_cfg
 
 needs_fmnist = pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
@@ -199,7 +199,7 @@ def test_runs_with_heterogeneous_fedgh_models(store, algorithm, monkeypatch):
     monkeypatch.setenv("PFLREPRO_KEEP_CHECKPOINTS", "1")   # its final states are read below
     res = run(small_cfg(algorithm=algorithm, rounds=1, **HETERO), progress=False)
     assert 0.0 <= res.metric("pm_acc_mean")[-1] <= 1.0
-    ckpt = torch.load(res.path / "checkpoint.pt", weights_only=True)    # states are tensors only
+    ckpt = load_checkpoint(res.path / "checkpoint.pt", res.config)    # states are tensors only
     personal = ckpt["clients"][3]["mentor" if algorithm == "fedkd" else "params"]
     assert personal["body.fc1.weight"].shape == (800, 512)              # client 3 kept its cnn4
     assert ckpt["clients"][1]["mentor" if algorithm == "fedkd" else "params"]["body.conv2.weight"].shape[0] == 16
@@ -235,7 +235,7 @@ def test_local_and_lg_fedavg_run_heterogeneous_models(store, algorithm, hparams,
     res = run(small_cfg(algorithm=algorithm, hparams=hparams, rounds=1, **HETERO), progress=False)
     assert all(0.0 <= a <= 1.0 for a in res.per_client[-1])
     assert math.isnan(res.history[-1]["gm_acc"])                         # nothing to average across architectures
-    ckpt = torch.load(res.path / "checkpoint.pt", weights_only=True)
+    ckpt = load_checkpoint(res.path / "checkpoint.pt", res.config)
     own = ckpt["clients"][3]["params" if algorithm == "local" else "personal"]
     assert own["body.fc1.weight"].shape == (800, 512)                    # client 3 kept its cnn4
     if algorithm == "lg_fedavg":

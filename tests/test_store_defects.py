@@ -152,11 +152,12 @@ print(json.dumps(S.read_metrics(res.path)))
 """
 
 
-@pytest.mark.parametrize("step", ("verify", "quarantine"))
+@pytest.mark.parametrize("step", ("verify", "quarantine", "at:checked", "at:locked", "at:quarantine"))
 def test_3_a_reader_never_moves_a_run_being_trained(tmp_path, clean, step):
     """Defect 3: a reader verified and quarantined outside the training lock; paused between its check and its move, it
     moved the folder of a run another process had started training meanwhile (a FileNotFoundError traceback). Now a
-    run is moved aside only under its lock, after a second check there."""
+    run is moved aside only under its lock, after a second check there. The reader pauses after a check (`verify`),
+    before a move (`quarantine`), or at the store's own pause points (`at:`: store._pause, $PFLREPRO_PAUSE_AT)."""
     root = tmp_path / "runs"
     ref = S.run(CFG, root=root, progress=False)
     summary = json.loads((ref.path / "summary.json").read_text())
@@ -165,11 +166,14 @@ def test_3_a_reader_never_moves_a_run_being_trained(tmp_path, clean, step):
     mark = tmp_path / "paused"
     cmd = [sys.executable, "-c", PAUSING, json.dumps(CFG), str(root)]
     env = {**os.environ, "PAUSE_FN": step, "PAUSE_S": "4", "PAUSE_MARK": str(mark)}
+    if step.startswith("at:"):
+        env.update(PAUSE_FN="summarise", PAUSE_S="0", PAUSE_MARK=str(tmp_path / "unused"),
+                   PFLREPRO_PAUSE_AT=step[3:] + ":4", PFLREPRO_PAUSE_MARK=str(mark))
     reader = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not mark.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
-    trainer = subprocess.run(cmd, env={**env, "PAUSE_FN": "summarise", "PAUSE_S": "0",
+    trainer = subprocess.run(cmd, env={**env, "PAUSE_FN": "summarise", "PAUSE_S": "0", "PFLREPRO_PAUSE_AT": "",
                                        "PFLREPRO_PAUSE_AFTER_CHECKPOINT": "1"},
                              cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=300)
     out, err = reader.communicate(timeout=300)

@@ -205,9 +205,12 @@ def _write_atomic(path: Path, text: str | bytes) -> None:
 
 
 def _pause(step: str) -> None:
-    """Test hook (tests/test_store_defects.py): sleep at `step` when $PFLREPRO_PAUSE_AT is `step:seconds`."""
+    """Test hook (tests/test_store_defects.py): at `step`, when $PFLREPRO_PAUSE_AT is `step:seconds`, create the file
+    $PFLREPRO_PAUSE_MARK (the test's signal that we got here) and sleep."""
     at, _, seconds = os.environ.get("PFLREPRO_PAUSE_AT", "").partition(":")
     if at == step:
+        if os.environ.get("PFLREPRO_PAUSE_MARK"):
+            Path(os.environ["PFLREPRO_PAUSE_MARK"]).touch()
         time.sleep(float(seconds))
 
 
@@ -566,7 +569,9 @@ def keeps_checkpoint(cfg: RunConfig | dict) -> bool:
 
 def prune_checkpoints(root: Path | str | None = None, dry_run: bool = False) -> tuple[int, int]:
     """Delete the checkpoints finished runs do not keep (`keeps_checkpoint`), e.g. in a store written before runs
-    dropped them; unfinished runs keep theirs (they resume from it). Returns (files, bytes)."""
+    dropped them; unfinished runs keep theirs (they resume from it), and so does a run another process holds (its
+    training lock: it may be training it again). Returns (files, bytes)."""
+    from .locks import lock, unlock
     base = Path(root) if root is not None else results_root() / "runs"
     n = size = 0
     for d in sorted(p for p in base.iterdir() if p.is_dir()) if base.exists() else []:
@@ -575,9 +580,17 @@ def prune_checkpoints(root: Path | str | None = None, dry_run: bool = False) -> 
             continue
         if keeps_checkpoint(json.loads((d / "config.json").read_text())):
             continue
-        n, size = n + 1, size + ckpt.stat().st_size
-        if not dry_run:
-            ckpt.unlink()
+        fd = None if dry_run else lock(_train_lock_file(d), block=False)
+        if fd is None and not dry_run:
+            continue
+        try:
+            if is_finished(d) and ckpt.exists():
+                n, size = n + 1, size + ckpt.stat().st_size
+                if not dry_run:
+                    ckpt.unlink()
+        finally:
+            if fd is not None:
+                unlock(_train_lock_file(d), fd)
     return n, size
 
 
