@@ -1102,14 +1102,23 @@ def _describe_judgement(row: dict, j: Judgement, paper: dict | None) -> None:
     row["seed_sd"] = math.sqrt(float(np.mean(spread))) if spread else None   # per-seed sd of the main effect
     pe = _paper_effect((paper or {}).get("points", {}).get(main.label), main)
     row["paper_gap"] = main.region.gap(pe) if pe is not None and pe == pe else None
-    powers = [d.power for c, d in zip(j.comps, j.decisions) if not c.guard]
-    if powers and all(p is not None for p in powers):       # the claim needs every comparison (`pairs: any`: one)
-        row["power"] = 1 - float(np.prod([1 - p for p in powers])) if j.ev.c.get("pairs") == "any" \
-            else float(np.prod(powers))
+    needed = [d for c, d in zip(j.comps, j.decisions) if not c.guard]
+    any_pair = j.ev.c.get("pairs") == "any"
+    row["power"] = _claim_power([d.power for d in needed], any_pair)
+    if row["power"] is not None and row["power"] < verdicts.POWER:   # planning: the seeds that would give 80 %
+        row["seeds_for_power"] = seeds_needed(lambda n: _claim_power([d.power_at(n) for d in needed], any_pair))
     used = [v for c in j.comps for v in c.used]
     row["uses"] = sorted({json.dumps({k: str(x) for k, x in v.keys.items()}, sort_keys=True) for v in used if v.keys})
     tests = [v.min_test for v in used if v.min_test == v.min_test]
     row["min_test"] = int(min(tests)) if tests else None
+
+
+def _claim_power(powers: list, any_pair: bool) -> float | None:
+    """A claim's power from its comparisons' (each needed: the product; `pairs: any`: one of them); None if one is
+    unknown."""
+    if not powers or any(p is None for p in powers):
+        return None
+    return 1 - float(np.prod([1 - p for p in powers])) if any_pair else float(np.prod(powers))
 
 
 def _undecided_by_power(verdict: str, row: dict) -> str:
@@ -1169,6 +1178,7 @@ def check(results: Path | str | None = None, paper: str | None = None, source: s
         r["group"] = groups.get((r["paper"], r["id"]), "")
     if source != "paper":
         power_at_three_seeds(rows)
+        what_would_decide(rows, Path(results) if results is not None else _results_root())
     return rows
 
 
@@ -1201,6 +1211,48 @@ def power_at_three_seeds(rows: list[dict]) -> None:
             r["evidence"] = (f"at 3 paired seeds this profile would detect about {_fmt(r['mde3'])} (spread "
                              f"borrowed from {len(ref)} of this paper's 3-seed claims, median sd {_fmt(sd)})"
                              f"{verdict} | " + r["evidence"])
+
+
+MAX_SEEDS = 100   # "more than 100 paired seeds" is what the planning below says beyond this
+
+
+def seeds_needed(power_at, target: float = verdicts.POWER) -> int | None:
+    """The fewest paired seeds n (at least MIN_SEEDS) at which the claim would hold with probability >= `target` were
+    the paper's own effects true, at this profile's per-seed spread: `power_at(n)` is the claim's power at n seeds
+    (every comparison and cell it needs, at their levels: `verdicts.power` with `n`). None: not known (no spread, or
+    the paper's effect is not beyond the boundary); MAX_SEEDS + 1: more than MAX_SEEDS."""
+    for n in range(verdicts.MIN_SEEDS, MAX_SEEDS + 1):
+        p = power_at(n)
+        if p is None:
+            return None
+        if p >= target:
+            return n
+    return MAX_SEEDS + 1
+
+
+def what_would_decide(rows: list[dict], results_root: Path) -> None:
+    """For each undecided headline claim: the paired seeds at which it would hold with 80 % power were the paper's own
+    effects true (`seeds_needed`: every comparison and cell it needs, at this profile's per-seed spreads), and what
+    they would cost on this machine: the measured wall time of the runs the claim read, per seed, times the seeds
+    still to run (`decide_seeds`, `decide_cpu_hours`). Planning, never a verdict."""
+    for r in rows:
+        if not r.get("headline") or r["verdict"] not in ("inconclusive", "underpowered"):
+            continue
+        n = r.get("seeds_for_power")
+        if r.get("power") is not None and r["power"] >= verdicts.POWER:
+            n = r["seeds"]              # inconclusive: the seeds already had the power; the effect is not there
+        r["decide_seeds"] = n
+        r["decide_note"] = ("these seeds had the power: an effect of the paper's size would likely have shown" if n == r["seeds"] else
+                            f"at least {verdicts.MIN_SEEDS} (no spread at {r['seeds']} seed)" if r["seeds"] <
+                            verdicts.MIN_SEEDS else "")
+        n = verdicts.MIN_SEEDS if n is None and r["seeds"] < verdicts.MIN_SEEDS else n
+        runs = _stage_runs(results_root, r["stage"])
+        walls = {} if runs is None or "wall_s" not in runs.columns else dict(zip(runs["run"].astype(str),
+                                                                                 pd.to_numeric(runs["wall_s"], errors="coerce")))
+        used = [walls[x] for x in _runs_of(r, results_root) if x in walls and walls[x] == walls[x]]
+        per_seed = sum(used) / r["seeds"] if used and r["seeds"] else None
+        r["decide_cpu_hours"] = (per_seed * max(n - r["seeds"], 0) / 3600 if per_seed is not None and n is not None
+                                 and n <= MAX_SEEDS else None)
 
 
 def _stage_runs(results_root: Path, stage: str) -> pd.DataFrame | None:

@@ -392,6 +392,37 @@ def claims_markdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def decide_markdown(rows: list[dict]) -> str:
+    """'What would decide the undecided headline claims': each one's per-seed spread of its main effect, the effect
+    this profile's seeds detect with 80 % power (the main comparison, at its level), the paper's own effect beyond the
+    claim's boundary, the paired seeds at which the whole claim would hold with 80 % power (`claims.seeds_needed`) and
+    their CPU time here (`claims.what_would_decide`)."""
+    undecided = [r for r in rows if "decide_seeds" in r]
+    if not undecided:
+        return ""
+    fmt = claims._fmt
+
+    def seeds(r):
+        n = r["decide_seeds"]
+        return (r["decide_note"] if r.get("decide_note") else
+                "none: the paper's own effect is not beyond the boundary" if r.get("paper_gap") is not None
+                and not r["paper_gap"] > 0 else "unknown (no per-seed spread, or no paper effect)" if n is None
+                else f"more than {claims.MAX_SEEDS}" if n > claims.MAX_SEEDS else str(n))
+    table = [[r["id"], r["verdict"], r["seeds"], fmt(r["seed_sd"]) if r.get("seed_sd") is not None else "—",
+              fmt(r["mde"]) if r.get("mde") is not None else "—",
+              fmt(r["paper_gap"]) if r.get("paper_gap") is not None else "—", seeds(r),
+              _duration(3600 * r["decide_cpu_hours"]) if r.get("decide_cpu_hours") else "—"] for r in undecided]
+    return ("### What would decide the undecided headline claims\n\n"
+            "Per claim: its main effect's spread over the paired seeds, the effect these seeds detect with 80 % power "
+            "(the main comparison, one-sided at its level), the paper's own effect beyond the claim's boundary (on its "
+            "printed numbers), the paired seeds at which the whole claim (every comparison and cell it needs, at their "
+            "levels) would hold with 80 % power were the paper's effects true at these spreads, and the CPU time of "
+            "the seeds still to run (the measured wall time of the runs it read, per seed, on this machine). Planning "
+            "from the spreads seen, never a verdict.\n\n"
+            + _md_table(["claim", "verdict", "seeds", "per-seed sd", "detectable now", "paper's effect",
+                         "seeds to detect it", "CPU time for them"], table))
+
+
 FORKING_PATHS = claims.CLAIMS_DIR / "forking_paths.yaml"
 
 
@@ -428,6 +459,7 @@ def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: P
              f"{f'; independent tests decided: {claims.independent_tests(rows)}' if rows else ''}.\n"]
     if any(r.get("headline") for r in rows):
         parts.append(f"**Headline claims:** {claims.headline(rows)}.\n")
+        parts.append(decide_markdown(rows))
     parts += [f"**Scale ({prof}):** {text}\n" for prof, text in (scale_notes or {}).items()
               if prof in {st.profile for st in done}]
     if done:

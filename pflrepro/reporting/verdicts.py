@@ -163,6 +163,7 @@ class Decision:
     why: str = ""
     cell_ci: dict = field(default_factory=dict)         # cell name -> its own 90 % interval (None: none)
     power: float | None = None             # P(it holds) were the true effect the paper's own, at this spread
+    power_at: object = field(default=None, repr=False, compare=False)   # n seeds -> that power at n seeds
 
     def interval_text(self) -> str:
         if self.ci is None:
@@ -333,26 +334,31 @@ def mde(s: Sample, alpha: float = ALPHA, power: float = POWER) -> float | None:
     return float((t_quantile(1 - alpha, se[1]) + t_quantile(power, se[1])) * se[0])
 
 
-def power(s: Sample, inside: float, alpha: float = ALPHA) -> float | None:
+def power(s: Sample, inside: float, alpha: float = ALPHA, n: int | None = None) -> float | None:
     """P(a one-sided test at alpha clears the boundary) when the true effect lies `inside` beyond it, at the sample's
-    spread: the noncentral t's tail (for a band, the nearer edge's test alone: an upper bound of TOST's power)."""
+    spread: the noncentral t's tail (for a band, the nearer edge's test alone: an upper bound of TOST's power). With
+    `n`: the same at n seeds of the same per-seed spread (the SE scaled by sqrt(seeds / n), n - 1 degrees of
+    freedom; a mean ± std sample's Welch df scaled alike): planning, `claims.seeds_needed`."""
     se = standard_error(s)
     if se is None or se[0] == 0 or inside is None or inside != inside or inside <= 0:
         return None             # exact quantities have no power to speak of; nor has an effect outside the region
+    if n is not None and s.n >= 1:
+        se = (se[0] * math.sqrt(s.n / n), (n - 1) if s.values is not None else se[1] * (n - 1) / max(s.n - 1, 1))
     tc = t_quantile(1 - alpha, se[1])
     return float(stats.nct.sf(tc, se[1], inside / se[0])) if math.isfinite(se[1]) else \
         float(stats.norm.sf(tc - inside / se[0]))
 
 
-def _power(samples: list[Sample], pooled: Sample | None, region: Region, quantifier: str, paper_effect, a_hold):
+def _power(samples: list[Sample], pooled: Sample | None, region: Region, quantifier: str, paper_effect, a_hold,
+           n: int | None = None):
     """The comparison's power at the paper's own effect: every cell must hold (`all`: the product of the cells'),
-    the pool (`most`), or one cell at alpha / k (`any`)."""
+    the pool (`most`), or one cell at alpha / k (`any`); at n seeds when `n` is given (`power`)."""
     if paper_effect is None or paper_effect != paper_effect:
         return None
     inside = region.inside(paper_effect)
     if quantifier == "most":
-        return power(pooled, inside, a_hold) if pooled is not None else None
-    ps = [power(s, inside, a_hold) for s in samples]
+        return power(pooled, inside, a_hold, n) if pooled is not None else None
+    ps = [power(s, inside, a_hold, n) for s in samples]
     if any(p is None for p in ps):
         return None
     if quantifier == "any":
@@ -397,6 +403,7 @@ def decide(samples: list[Sample], region: Region, quantifier: str = "all", paper
                  cell_ci={n: c for n, (c, _) in bare.items()})
     if not guard:
         d.power = _power(samples, pooled, region, quantifier, paper_effect, a_hold)
+        d.power_at = lambda n: _power(samples, pooled, region, quantifier, paper_effect, a_hold, n)
     if ci is None:
         d.why = why_pool or method
     if quantifier == "most":
