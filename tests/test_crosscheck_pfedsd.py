@@ -180,3 +180,107 @@ def test_their_data_files_are_the_decoded_idx_arrays(xc, tmp_path, monkeypatch):
                           weights_only=True)
         assert x.dtype == torch.uint8 and y.dtype == torch.int64 and x.shape == (len(y), 28, 28)
         assert np.array_equal(x.numpy(), arrays[prefix][0]) and y.tolist() == arrays[prefix][1].tolist()
+
+
+def _their_records(n_clients, rounds, early_stop=None, nan_model=None):
+    """Driver records of a run of theirs: every client scored every round (half right), `early_stop` = (round,
+    client, finite) a worker's divergence test, `nan_model` = (round, client) a scored model with NaN weights."""
+    recs = [{"type": "init", "sum": 0.0, "sumsq": 0.0}, {"type": "labels", "ok": True, "mismatch": [], "pool": 70000}]
+    for r in range(1, rounds + 1):
+        recs.append({"type": "round", "round": r, "t": float(r)})
+        if early_stop and early_stop[0] == r:
+            recs.append({"type": "early_stop", "round": r, "client": early_stop[1], "step": 7,
+                         "loss_avg": float("nan") if not early_stop[2] else 4.2e3, "finite": early_stop[2]})
+        for k in range(n_clients):
+            bad = nan_model == (r, k)
+            recs.append({"type": "eval", "round": r, "label": f"local_test_loader_client_{k + 1}-0", "client": k,
+                         "correct": 5, "n": 10, "t0": float(r), "t1": float(r) + 0.1, "finite": not bad})
+    recs.append({"type": "end", "t": float(rounds + 1)})
+    return recs
+
+
+def test_their_early_stops_and_non_finite_models_are_read_per_round(xc, tmp_path):
+    parsed = _records(tmp_path, xc, _their_records(2, 3, early_stop=(2, 1, False), nan_model=(3, 1)))
+    assert [(r, [e["client"] for e in es]) for r, es in parsed["early_stops"].items()] == [(2, [1])]
+    assert parsed["early_stops"][2][0]["finite"] is False and math.isnan(parsed["early_stops"][2][0]["loss_avg"])
+    assert parsed["nonfinite"] == {3: {1}}
+    # a top-1 that is not finite comes as correct = None: that client's score is nan, not a crash
+    parsed["evals"][3][1] = (None, 10)
+    r3 = xc.their_scores(parsed, 2)[2]
+    assert math.isnan(r3["pm_mean"]) and math.isnan(r3["pm_pooled"])
+
+
+def test_partial_history_of_a_run_without_checkpoint_is_empty(xc, tmp_path):
+    assert xc.partial_history(xc.our_config("pfedsd", 0, xc.SETTING), tmp_path) == (0, [], [])
+
+
+def test_a_divergence_of_ours_is_recorded_and_the_script_goes_on(xc, tmp_path, monkeypatch):
+    """Two seeds, FedAvg and pFedSD, 3 rounds, 2 clients, their side and our runs faked. Our pFedSD run of seed 0
+    raises Divergence in round 3 (after checkpointing rounds 1-2); their pFedSD of seed 1 early-stops a client in
+    round 2. Every run is still compared and written: the divergence is a row (diverged = 1, no accuracy), the
+    seed's metrics of our side are nan and left out of the paired difference, and the summary counts it."""
+    import csv
+    import types
+
+    import pflrepro
+    from pflrepro.core.training import Divergence
+    n_clients, rounds = 2, 3
+    setting = {**xc.SETTING, "n_clients": n_clients, "rounds": rounds}
+    data = types.SimpleNamespace(train=[np.zeros(8), np.zeros(8)], test=[np.zeros(10), np.zeros(10)])
+    monkeypatch.setattr(xc, "export", lambda cfg, folder: (data, {}))
+    monkeypatch.setattr(xc, "check_run", lambda *a: [])
+    jobs = {}
+
+    def start_theirs(algo, seed, setting_, opts, work, **kw):
+        jobs[(algo, seed)] = {"tag": f"{algo}_s{seed}", "seconds": 1.0}
+        return jobs[(algo, seed)]
+
+    def finish_theirs(job):
+        early = (2, 1, True) if job["tag"] == "pfedsd_s1" else None
+        return xc.parse_records("\n".join(json.dumps(r) for r in _their_records(n_clients, rounds, early_stop=early)))
+
+    monkeypatch.setattr(xc, "start_theirs", start_theirs)
+    monkeypatch.setattr(xc, "finish_theirs", finish_theirs)
+    hist = lambda r: {"round": r, "pm_acc_mean": 0.6 + 0.1 * r}
+    calls = []
+
+    def fake_run(cfg, root=None, progress=True, force=False):
+        calls.append((cfg["algorithm"], cfg["seed"], cfg["checkpoint_every"]))
+        if (cfg["algorithm"], cfg["seed"]) == ("pfedsd", 0):
+            raise Divergence("loss became nan at local step 46 of the client at position 0 of this batch of "
+                             "clients: the run diverged (lower the learning rate, or check the loss term)")
+        return types.SimpleNamespace(history=[hist(r) for r in range(1, rounds + 1)],
+                                     per_client=[[0.6 + 0.1 * r] * n_clients for r in range(1, rounds + 1)])
+
+    monkeypatch.setattr(pflrepro, "run", fake_run)
+    monkeypatch.setattr(xc, "partial_history", lambda cfg, root: (2, [hist(1), hist(2)], [[0.7, 0.7], [0.8, 0.8]]))
+    opts = types.SimpleNamespace(setting=setting, seeds=[0, 1], algorithms=["fedavg", "pfedsd"], out=tmp_path,
+                                 parallel=False, threads=torch.get_num_threads(), last=2)
+    assert xc.run_comparison(opts) == 0
+    assert calls == [("fedavg", 0, 1), ("pfedsd", 0, 1), ("fedavg", 1, 1), ("pfedsd", 1, 1)]   # went on
+
+    def read(name):
+        with open(tmp_path / name) as f:
+            return list(csv.DictReader(f))
+
+    per_round = read("per_round.csv")
+    ours0 = [r for r in per_round if (r["algorithm"], r["seed"], r["side"]) == ("pfedsd", "0", "ours")]
+    assert [(r["round"], r["diverged"]) for r in ours0] == [("1", "0"), ("2", "0"), ("3", "1")]
+    assert float(ours0[1]["pm_mean"]) == pytest.approx(0.8) and math.isnan(float(ours0[2]["pm_mean"]))
+    theirs1 = [r for r in per_round if (r["algorithm"], r["seed"], r["side"]) == ("pfedsd", "1", "theirs")]
+    assert [(r["round"], r["diverged"], r["early_stops"]) for r in theirs1] == [("1", "0", "0"), ("2", "1", "1"),
+                                                                                 ("3", "0", "0")]
+    assert len(per_round) == 2 * 2 * 2 * rounds                       # every run of both sides, both seeds
+    per_seed = {(r["algorithm"], r["seed"], r["metric"]): r for r in read("per_seed.csv")}
+    s0 = per_seed[("pfedsd", "0", "pm_mean")]
+    assert math.isnan(float(s0["ours"])) and float(s0["theirs"]) == pytest.approx(0.5)
+    assert (s0["ours_diverged_round"], s0["theirs_diverged_round"]) == ("3", "")
+    s1 = per_seed[("pfedsd", "1", "pm_mean")]
+    assert (s1["ours_diverged_round"], s1["theirs_diverged_round"], s1["theirs_early_stops"]) == ("", "2", "1")
+    assert float(s1["diff"]) == pytest.approx(0.35)                   # ours: mean of rounds 2-3 (0.8, 0.9) - 0.5
+    summary = {(r["algorithm"], r["metric"]): r for r in read("summary.csv")}
+    pm = summary[("pfedsd", "pm_mean")]
+    assert (pm["n_seeds"], pm["n_diverged_ours"], pm["n_diverged_theirs"]) == ("1", "1", "1")
+    assert float(pm["diff"]) == pytest.approx(0.35)
+    fa = summary[("fedavg", "pm_mean")]
+    assert (fa["n_seeds"], fa["n_diverged_ours"], fa["n_diverged_theirs"]) == ("2", "0", "0")

@@ -30,8 +30,10 @@ pFedSD, interleaved ours, theirs, ours, theirs; wall seconds per round for round
         --timing [--ours-root /path/to/other/pflrepro/checkout] [--reps 2] [--engine batched]
 
 Outputs in --out (never inside the repository): `per_round.csv` (algorithm, seed, round, side, pm_mean, pm_pooled,
-n_fresh, own_avg), `per_seed.csv` (per algorithm, seed and metric: ours, theirs, diff), `summary.csv` (per algorithm
-and metric: means over seeds and the paired difference ours - theirs with a 95 % t interval over seeds; a seed draws
+n_fresh, own_avg, diverged, early_stops, nonfinite), `per_seed.csv` (per algorithm, seed and metric: ours, theirs,
+diff, ours_diverged_round, theirs_diverged_round, theirs_early_stops, theirs_nonfinite_round), `summary.csv` (per
+algorithm and metric: means over the seeds where neither side's metric is missing and the paired difference ours -
+theirs with a 95 % t interval over those seeds, n_diverged_ours, n_diverged_theirs, n_nonfinite_theirs; a seed draws
 one partition and one initial model, shared by both sides), their logs (`logs/`), the exports (`work/`). Metrics:
 `pm_mean` = mean over clients of each client's local-test accuracy (personalized model; FedAvg: the global model),
 averaged over the last --last rounds; `pm_pooled` = correct / tested over all clients, same rounds; `pm_best` = the
@@ -39,6 +41,14 @@ best round's pm_mean (the paper's metric). `own_avg` = the average their master 
 `log-*.json`, type average_test / GM_average_test), checked against our mean of their per-client results. Finished
 runs are reused (their records, our ours_runs/), so a rerun with more seeds only trains what is new. --timing
 writes timing.csv and timing_summary.csv instead.
+
+Divergence is a result, not a crash (issue 53). Ours: `pflrepro.run` raises `Divergence` at the first non-finite
+loss; the script records it and goes on with the next run. Our side runs with a checkpoint every round, so the
+rounds finished before it are read back (`partial_history`); the round that diverged gets a per_round row with
+diverged = 1 and no accuracy, and every metric of that seed's side is missing (nan: no finished run). Theirs never
+stops (item 14): per round, `early_stops` counts the clients whose local training their divergence test ended and
+`nonfinite` the scored models with a non-finite weight; diverged = 1 where either is non-zero, and their metrics
+are what their master reports. per_seed's `*_diverged_round` is the first such round (empty: none).
 
 Convention differences found in their code, and how this script handles them:
   1. When they evaluate: after every round's aggregation (master, `_update_client_performance` /
@@ -87,8 +97,11 @@ Convention differences found in their code, and how this script handles them:
      into their master instead (identical start, checked).
  13. Participants: theirs int(K p + 0.5) clients a round (sorted, worker rank i trains the i-th), ours round(K p).
      Their CrossEntropyLoss for training is plain (no label smoothing: `--label_smoothing` is never used).
- 14. Divergence: their worker ends a client's local training early when its running loss exceeds 1e3 or is NaN
-     and uploads the model as it is; ours stops the run with an error (`Divergence`). Not triggered here.
+ 14. Divergence: their worker ends a client's local training early when the running mean of the epoch's
+     cross-entropy (the KD term is not in it) exceeds 1e3 or is NaN, tested after the step, and uploads the model as
+     it is (a NaN loss's step has already made every weight NaN); their master averages it in like any other, and
+     scores a NaN model as predicting one class (torch's topk on NaN logits). Ours stops the run with an error
+     (`Divergence`) at the first non-finite loss (CE + KD), before its step. Both are recorded here (see above).
  15. Per-round work besides training: their master also tracks best-so-far values and rewrites its JSON log after
      every client evaluation; ours also scores the global model on the union of the local tests (`gm_acc`) every
      round. Both are inside the timed rounds of --timing (their `eval` records time the local-test scoring with its
@@ -108,6 +121,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -295,9 +309,11 @@ def finish_theirs(job: dict) -> dict:
 
 def parse_records(text: str) -> dict:
     """The driver's JSON lines -> {"init", "labels", "data": {client: rec}, "round0": {client: (correct, n)},
-    "evals": {round: {client: (correct, n)}}, "eval_seconds": {round: s}, "starts": {round: t}, "end": t}."""
+    "evals": {round: {client: (correct, n)}}, "eval_seconds": {round: s}, "starts": {round: t}, "end": t,
+    "early_stops": {round: [record, ...]}, "nonfinite": {round: {client, ...}}} (correct is None where their top-1
+    was not finite; "nonfinite": the clients whose scored model had a non-finite weight)."""
     out = {"init": None, "labels": None, "data": {}, "round0": {}, "evals": {}, "eval_seconds": {}, "starts": {},
-           "end": None}
+           "end": None, "early_stops": {}, "nonfinite": {}}
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -314,6 +330,10 @@ def parse_records(text: str) -> dict:
         elif kind == "eval" and r["client"] is not None:
             out["evals"].setdefault(r["round"], {})[r["client"]] = (r["correct"], r["n"])
             out["eval_seconds"][r["round"]] = out["eval_seconds"].get(r["round"], 0.0) + r["t1"] - r["t0"]
+            if not r.get("finite", True):
+                out["nonfinite"].setdefault(r["round"], set()).add(r["client"])
+        elif kind == "early_stop":
+            out["early_stops"].setdefault(r["round"], []).append(r)
         elif kind == "round":
             out["starts"][r["round"]] = r["t"]
         elif kind == "end":
@@ -337,7 +357,7 @@ def their_scores(parsed: dict, n_clients: int) -> list[dict]:
         latest.update(fresh)
         if len(latest) < n_clients:
             raise ValueError(f"round {rnd}: scores for {len(latest)} clients, expected {n_clients}")
-        c = np.array([latest[k][0] for k in range(n_clients)], dtype=float)
+        c = np.array([np.nan if latest[k][0] is None else latest[k][0] for k in range(n_clients)], dtype=float)
         n = np.array([latest[k][1] for k in range(n_clients)], dtype=float)
         rows.append({"round": rnd, "pm_mean": float(np.mean(c / n)), "pm_pooled": float(c.sum() / n.sum()),
                      "n_fresh": len(fresh)})
@@ -391,9 +411,14 @@ def check_run(algo: str, parsed: dict, data, init: dict, setting: dict) -> list[
 
 
 # ---------------------------------------------------------------- rows and summary
-def row(algo, seed, rnd, side, pm_mean, pm_pooled, n_fresh, own_avg=float("nan")) -> dict:
+def row(algo, seed, rnd, side, pm_mean, pm_pooled, n_fresh, own_avg=float("nan"), diverged=0, early_stops=0,
+        nonfinite=0) -> dict:
+    """One side's round. diverged: 1 where that side's divergence signal fired in this round (ours: `Divergence`,
+    the row then has no accuracy; theirs: early_stops or nonfinite > 0). early_stops: clients whose local training
+    their divergence test ended; nonfinite: scored models with a non-finite weight (theirs only)."""
     return {"algorithm": algo, "seed": seed, "round": rnd, "side": side, "pm_mean": pm_mean, "pm_pooled": pm_pooled,
-            "n_fresh": n_fresh, "own_avg": own_avg}
+            "n_fresh": n_fresh, "own_avg": own_avg, "diverged": int(diverged), "early_stops": int(early_stops),
+            "nonfinite": int(nonfinite)}
 
 
 def our_rows(algo: str, seed: int, res, n_test: list) -> list[dict]:
@@ -406,48 +431,122 @@ def our_rows(algo: str, seed: int, res, n_test: list) -> list[dict]:
     return rows
 
 
+def first_diverged(sel: list) -> int | str:
+    """The first round whose row says diverged ('' if none)."""
+    return min((r["round"] for r in sel if r.get("diverged")), default="")
+
+
 def per_seed_table(rows: list, rounds: int, last: int) -> list[dict]:
     """Per (algorithm, seed, metric): each side's value and ours - theirs (pm_mean / pm_pooled: the mean of the
-    last `last` rounds; pm_best: the best round's pm_mean)."""
+    last `last` rounds; pm_best: the best round's pm_mean), nan where a side has none (our run diverged: no
+    finished run, every metric nan), and each side's first diverged round ('' if none), their early stops in all and
+    the first round they scored a model with a non-finite weight."""
     out = []
+    nan = float("nan")
     for algo in dict.fromkeys(r["algorithm"] for r in rows):
         for seed in dict.fromkeys(r["seed"] for r in rows if r["algorithm"] == algo):
-            v = {}
+            v, div = {}, {}
             for side in ("ours", "theirs"):
                 sel = [r for r in rows if (r["algorithm"], r["seed"], r["side"]) == (algo, seed, side)]
+                div[side] = first_diverged(sel)
+                if side == "ours" and div[side] != "":
+                    v[side] = dict.fromkeys(METRICS, nan)
+                    continue
                 tail = [r for r in sel if rounds - last < r["round"] <= rounds]
-                v[side] = {"pm_mean": float(np.mean([r["pm_mean"] for r in tail])) if tail else float("nan"),
-                           "pm_pooled": float(np.mean([r["pm_pooled"] for r in tail])) if tail else float("nan"),
-                           "pm_best": max((r["pm_mean"] for r in sel), default=float("nan"))}
+                v[side] = {"pm_mean": float(np.mean([r["pm_mean"] for r in tail])) if tail else nan,
+                           "pm_pooled": float(np.mean([r["pm_pooled"] for r in tail])) if tail else nan,
+                           "pm_best": float(np.nanmax([r["pm_mean"] for r in sel]))
+                           if any(np.isfinite(r["pm_mean"]) for r in sel) else nan}
+            theirs = [r for r in rows if (r["algorithm"], r["seed"], r["side"]) == (algo, seed, "theirs")]
+            extra = {"ours_diverged_round": div["ours"], "theirs_diverged_round": div["theirs"],
+                     "theirs_early_stops": sum(r.get("early_stops", 0) for r in theirs),
+                     "theirs_nonfinite_round": min((r["round"] for r in theirs if r.get("nonfinite")), default="")}
             for metric in METRICS:
                 o, t = v["ours"][metric], v["theirs"][metric]
-                if np.isfinite(o) and np.isfinite(t):
-                    out.append({"algorithm": algo, "seed": seed, "metric": metric, "ours": o, "theirs": t,
-                                "diff": o - t})
+                out.append({"algorithm": algo, "seed": seed, "metric": metric, "ours": o, "theirs": t,
+                            "diff": o - t, **extra})
     return out
 
 
 def summary_table(per_seed: list) -> list[dict]:
-    """Per (algorithm, metric): means over seeds, the paired difference ours - theirs and its 95 % t interval."""
+    """Per (algorithm, metric): means over the seeds where both sides have the metric (n_seeds), the paired
+    difference ours - theirs and its 95 % t interval; and over all seeds, how many diverged on each side (ours: the
+    run stopped; theirs: their divergence test fired or a model with a non-finite weight was scored) and how many
+    of theirs scored such a model."""
+    nan = float("nan")
+    stats = {key: (sel, mean, lo, hi) for key, sel, mean, lo, hi in
+             by_algorithm_and_metric([r for r in per_seed if np.isfinite(r["diff"])])}
     out = []
-    for key, sel, mean, lo, hi in by_algorithm_and_metric(per_seed):
+    for key in dict.fromkeys((r["algorithm"], r["metric"]) for r in per_seed):
+        every = [r for r in per_seed if (r["algorithm"], r["metric"]) == key]
+        sel, mean, lo, hi = stats.get(key, ([], nan, nan, nan))
         out.append({"algorithm": key[0], "metric": key[1], "n_seeds": len(sel),
-                    "ours": float(np.mean([r["ours"] for r in sel])), "theirs": float(np.mean([r["theirs"] for r in sel])),
+                    "ours": float(np.mean([r["ours"] for r in sel])) if sel else nan,
+                    "theirs": float(np.mean([r["theirs"] for r in sel])) if sel else nan,
                     "diff": mean, "ci95_low": lo, "ci95_high": hi,
-                    "ci_covers_0": bool(lo <= 0 <= hi) if np.isfinite(lo) else ""})
+                    "ci_covers_0": bool(lo <= 0 <= hi) if np.isfinite(lo) else "",
+                    "n_diverged_ours": sum(1 for r in every if r.get("ours_diverged_round", "") != ""),
+                    "n_diverged_theirs": sum(1 for r in every if r.get("theirs_diverged_round", "") != ""),
+                    "n_nonfinite_theirs": sum(1 for r in every if r.get("theirs_nonfinite_round", "") != "")})
     return out
+
+
+# ---------------------------------------------------------------- our side
+def is_divergence(exc: BaseException) -> bool:
+    """Our run stopped because a loss became NaN/inf (`pflrepro.core.training.Divergence`, also when a run worker
+    re-raised it under another type, as pflrepro.pipeline.tune reads it)."""
+    from pflrepro.core.training import Divergence
+    return isinstance(exc, Divergence) or "pflrepro.core.training.Divergence" in str(exc)
+
+
+def partial_history(cfg: dict, root: Path) -> tuple[int, list, list]:
+    """(last finished round, history, per_client) of a run that stopped, from its last checkpoint ((0, [], [])
+    without one, or where it cannot be read: a warning says why)."""
+    from pflrepro.federation.config import RunConfig
+    from pflrepro.pipeline.store import load_checkpoint, run_dir
+    rc = RunConfig.from_dict(cfg)
+    path = run_dir(rc, root) / "checkpoint.pt"
+    if not path.exists():
+        return 0, [], []
+    try:
+        state = load_checkpoint(path, rc)
+    except Exception as e:  # noqa: BLE001 (the store's own errors: the rounds are then unknown, the rest stands)
+        print(f"  warning: cannot read {path}: {e}", flush=True)
+        return 0, [], []
+    return int(state["round"]), list(state["history"]), [[float(a) for a in accs] for accs in state["per_client"]]
+
+
+def run_ours(algo: str, seed: int, setting: dict, opts, n_test: list) -> tuple[list[dict], dict | None, float]:
+    """Our run: (per_round rows, None or {"round", "error"} where it diverged, wall seconds). It checkpoints every
+    round, so a run that diverges keeps the rounds it finished (`partial_history`); those rows, then one row for the
+    round that diverged (diverged = 1, no accuracy)."""
+    import pflrepro
+    cfg = {**our_config(algo, seed, setting), "checkpoint_every": 1}
+    t1 = time.time()
+    try:
+        res = pflrepro.run(cfg, root=opts.out / "ours_runs", progress=False)
+        return our_rows(algo, seed, res, n_test), None, time.time() - t1
+    except Exception as e:  # noqa: BLE001 (anything but a Divergence is raised again)
+        if not is_divergence(e):
+            raise
+        seconds, error = time.time() - t1, str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+    done, history, per_client = partial_history(cfg, opts.out / "ours_runs")
+    rows = our_rows(algo, seed, types.SimpleNamespace(history=history, per_client=per_client), n_test)
+    nan = float("nan")
+    rows.append(row(algo, seed, done + 1, "ours", nan, nan, 0, diverged=1))
+    return rows, {"round": done + 1, "error": error}, seconds
 
 
 # ---------------------------------------------------------------- the comparison
 def compare_one(algo: str, seed: int, opts, work: Path, data, init: dict) -> list[dict]:
-    import pflrepro
     setting = opts.setting
     job = start_theirs(algo, seed, setting, opts, work)
     if not opts.parallel:
         parsed = finish_theirs(job)
-    t1 = time.time()
-    res = pflrepro.run(our_config(algo, seed, setting), root=opts.out / "ours_runs", progress=False)
-    t_ours = time.time() - t1
+    ours, diverged, t_ours = run_ours(algo, seed, setting, opts, [len(t) for t in data.test])
+    if diverged:
+        print(f"  ours {algo} s{seed}: DIVERGED in round {diverged['round']} ({diverged['error']}); recorded, going on",
+              flush=True)
     if opts.parallel:
         parsed = finish_theirs(job)
     for p in check_run(algo, parsed, data, init, setting):
@@ -463,16 +562,27 @@ def compare_one(algo: str, seed: int, opts, work: Path, data, init: dict) -> lis
         if np.isfinite(o) and abs(o - r["pm_mean"]) > 1e-4:
             print(f"  warning: round {r['round']}: their logged average {o:.4f} != mean of their per-client "
                   f"scores {r['pm_mean']:.4f}", flush=True)
-        rows.append(row(algo, seed, r["round"], "theirs", r["pm_mean"], r["pm_pooled"], r["n_fresh"], o))
-    rows += our_rows(algo, seed, res, [len(t) for t in data.test])
+        stops, bad = parsed["early_stops"].get(r["round"], []), parsed["nonfinite"].get(r["round"], set())
+        rows.append(row(algo, seed, r["round"], "theirs", r["pm_mean"], r["pm_pooled"], r["n_fresh"], o,
+                        diverged=bool(stops or bad), early_stops=len(stops), nonfinite=len(bad)))
+    for rnd in sorted(parsed["early_stops"]):
+        for e in parsed["early_stops"][rnd]:
+            print(f"  theirs {algo} s{seed}: round {rnd}, client {e['client']}: their divergence test ended its local "
+                  f"training after {e['step']} steps (running mean CE {e['loss_avg']:.4g}); uploaded weights "
+                  f"{'finite' if e['finite'] else 'NOT finite'}", flush=True)
+    for rnd in sorted(parsed["nonfinite"]):
+        print(f"  theirs {algo} s{seed}: round {rnd}: {len(parsed['nonfinite'][rnd])} scored model(s) with non-finite "
+              f"weights", flush=True)
+    rows += ours
     if algo == "fedavg":
         n = np.array([len(t) for t in data.train], dtype=float)
         print(f"  weights: our FedAvg weights n_k/sum n in [{n.min() / n.sum():.4f}, {n.max() / n.sum():.4f}], "
               f"theirs 1/K = {1 / len(n):.4f}", flush=True)
-    last = {s: next(r for r in rows if r["side"] == s and r["round"] == setting["rounds"]) for s in ("theirs", "ours")}
-    print(f"{algo} seed {seed}: round {setting['rounds']} pm_mean ours {last['ours']['pm_mean']:.4f} "
-          f"theirs {last['theirs']['pm_mean']:.4f} (theirs {job.get('seconds', 0):.0f} s, ours {t_ours:.0f} s)",
-          flush=True)
+    last = {s: next((r["pm_mean"] for r in rows if r["side"] == s and r["round"] == setting["rounds"]), float("nan"))
+            for s in ("theirs", "ours")}
+    print(f"{algo} seed {seed}: round {setting['rounds']} pm_mean ours {last['ours']:.4f}"
+          f"{' (diverged in round %d)' % diverged['round'] if diverged else ''} theirs {last['theirs']:.4f} "
+          f"(theirs {job.get('seconds', 0):.0f} s, ours {t_ours:.0f} s)", flush=True)
     return rows
 
 
@@ -493,10 +603,12 @@ def run_comparison(opts) -> int:
     write_csv(opts.out / "summary.csv", summary)
     print(f"\npm_mean / pm_pooled: mean of the last {last} rounds; pm_best: best round; {len(opts.seeds)} seed(s); "
           f"diff = ours - theirs")
-    print(f"{'algorithm':<8} {'metric':<10} {'ours':>7} {'theirs':>7} {'diff':>8}  95% CI")
+    print(f"{'algorithm':<8} {'metric':<10} {'ours':>7} {'theirs':>7} {'diff':>8}  95% CI{'':<12} seeds  diverged "
+          f"ours/theirs")
     for s in summary:
         print(f"{s['algorithm']:<8} {s['metric']:<10} {s['ours']:7.4f} {s['theirs']:7.4f} {s['diff']:+8.4f}  "
-              f"[{s['ci95_low']:+.4f}, {s['ci95_high']:+.4f}]")
+              f"[{s['ci95_low']:+.4f}, {s['ci95_high']:+.4f}] {s['n_seeds']:5d}  {s['n_diverged_ours']}/"
+              f"{s['n_diverged_theirs']}")
     print(f"\nwritten: {opts.out}/per_round.csv, per_seed.csv, summary.csv ({time.time() - t0:.0f} s)")
     return 0
 

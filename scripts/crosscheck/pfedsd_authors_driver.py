@@ -17,14 +17,23 @@ Patches (in memory, in every process of theirs):
     which modern PyTorch refuses without worker processes).
   * the master's model (rank 0, the template every client model and the first global model are copied from) is
     loaded with OUR initial weights (`spec["init"]`: the tensors in parameter order).
-  * records (JSON lines appended to `spec["records"]`, written by the master only, one write per line):
+  * records (JSON lines appended to `spec["records"]`, one write per line: the master writes all but `early_stop`,
+    which the workers write):
       {"type": "init", "sum", "sumsq"}                     checksum of the master's initial parameters
       {"type": "labels", "ok", "mismatch"}                  their labels at our indices vs ours (`spec["labels"]`)
       {"type": "data", "client", "train_sum", "test_sum", "n_train", "n_test"}   float64 sums of the tensors
                                                             their pipeline yields per client (with spec["check"])
       {"type": "round0", "client", "correct", "n"}          the initial model on each local test (spec["check"])
       {"type": "round", "round", "t"}                       each round's start (time.perf_counter())
-      {"type": "eval", "round", "label", "client", "correct", "n", "t0", "t1"}   every local-test evaluation
+      {"type": "eval", "round", "label", "client", "correct", "n", "t0", "t1", "finite"}   every local-test
+                                                            evaluation; `finite`: whether every weight of the scored
+                                                            model is finite (correct is null where their top-1 is not)
+      {"type": "early_stop", "round", "client", "step", "loss_avg", "finite"}   a worker's divergence test ended this
+                                                            client's local training (worker_base.py:194-201,
+                                                            worker_pFedSD.py:152-159: the running mean of the
+                                                            epoch's cross-entropy > 1e3 or NaN, tested after the
+                                                            step); `step`: steps taken this round, `finite`: whether
+                                                            every weight of the model it then uploads is finite
       {"type": "end", "t"}                                  after the last round
     Client ids are ours (0-based; theirs are 1-based).
 """
@@ -85,6 +94,12 @@ class Records:
 
 
 # ---------------------------------------------------------------- patches (inside their processes)
+def finite_model(model) -> bool:
+    """Whether every floating-point tensor of the model's state is finite."""
+    import torch
+    return all(bool(torch.isfinite(t).all()) for t in model.state_dict().values() if t.is_floating_point())
+
+
 def patch(spec: dict) -> None:
     import torch
     from pcode import create_dataset, create_model, master_utils
@@ -92,6 +107,8 @@ def patch(spec: dict) -> None:
     from pcode.masters.master_base import MasterBase
     from pcode.masters.master_fedavg import MasterFedAvg
     from pcode.masters.master_pFedSD import MasterpFedSD
+    from pcode.workers.worker_base import WorkerBase
+    from pcode.workers.worker_pFedSD import WorkerpFedSD
     from torchvision import transforms
 
     record = Records(spec["records"])
@@ -163,11 +180,28 @@ def patch(spec: dict) -> None:
         t0 = time.perf_counter()
         perf = validate(conf, coordinator, model, criterion, metrics, data_loader, label=label, display=display)
         n = len(data_loader.dataset)
+        top1 = float(perf["top1"])
         record(type="eval", round=int(conf.graph.comm_round), label=label, client=client_of(label),
-               correct=round(perf["top1"] * n / 100.0), n=n, t0=t0, t1=time.perf_counter())
+               correct=round(top1 * n / 100.0) if np.isfinite(top1) else None, n=n, t0=t0, t1=time.perf_counter(),
+               finite=finite_model(model))
         return perf
 
     master_utils.validate = validate_recorded
+
+    def terminating(terminate):
+        """Their workers end every round's local training through `_terminate_comm_round`, after their divergence
+        test (it ends training early) or after the last step; the test's condition, read here, tells which."""
+        def terminate_recorded(self):
+            avg = float(self.tracker.stat["loss"].avg)
+            if avg > 1e3 or np.isnan(avg):
+                record(type="early_stop", round=int(self.conf.graph.comm_round),
+                       client=int(self.conf.graph.client_id) - 1, step=int(self.scheduler.local_index), loss_avg=avg,
+                       finite=finite_model(self.model))
+            return terminate(self)
+        return terminate_recorded
+
+    for cls in (WorkerBase, WorkerpFedSD):     # WorkerpFedSD has its own; WorkerFedAvg inherits WorkerBase's
+        cls._terminate_comm_round = terminating(cls.__dict__["_terminate_comm_round"])
 
     get_n_local_epoch = master_utils.get_n_local_epoch
 
