@@ -284,3 +284,35 @@ def test_a_divergence_of_ours_is_recorded_and_the_script_goes_on(xc, tmp_path, m
     assert float(pm["diff"]) == pytest.approx(0.35)
     fa = summary[("fedavg", "pm_mean")]
     assert (fa["n_seeds"], fa["n_diverged_ours"], fa["n_diverged_theirs"]) == ("2", "0", "0")
+
+
+def test_the_grid_runs_corners_first_and_tabulates_a_point_with_a_divergence(tmp_path):
+    """scripts/crosscheck/pfedsd_grid.py: every (lr, B, E) once, the corners of B and E first; a point's table row
+    counts each side's divergences, pairs the seeds both finished, and names the round where the curves part."""
+    import csv
+    from tests.conftest import load_script
+    g = load_script(REPO_ROOT / "scripts" / "crosscheck" / "pfedsd_grid.py")
+    pts = g.points([0.01, 0.02], [16, 32, 64], [1, 3, 5])
+    assert len(pts) == len(set(pts)) == 18
+    assert {(b, e) for _, b, e in pts[:8]} == {(16, 1), (64, 1), (16, 5), (64, 5)}
+    folder = tmp_path / g.tag((0.02, 16, 3))
+    folder.mkdir()
+    seeds = [{"algorithm": "pfedsd", "seed": s, "metric": m, "ours": o, "theirs": t, "diff": o - t,
+              "ours_diverged_round": d, "theirs_diverged_round": "", "theirs_early_stops": 0,
+              "theirs_nonfinite_round": ""}
+             for s, (o, t, d) in enumerate([(0.90, 0.88, ""), (0.91, 0.90, ""), (0.92, 0.89, ""),
+                                            (float("nan"), 0.9, 2)])
+             for m in ("pm_mean", "pm_best")]
+    rounds = [{"algorithm": "pfedsd", "seed": s, "round": r, "side": side, "pm_mean": v, "diverged": int(s == 3 and r == 2
+                                                                                                      and side == "ours")}
+              for s in range(4) for r in (1, 2) for side, v in (("ours", 0.8), ("theirs", 0.8 if r == 1 else 0.7))]
+    for name, rows in (("per_seed.csv", seeds), ("per_round.csv", rounds)):
+        with open(folder / name, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    (row,) = g.point_rows((0.02, 16, 3), folder)
+    assert (row["seeds"], row["both"], row["diverged_ours"], row["diverged_theirs"]) == (4, 3, 1, 0)
+    assert row["diff_final"] == pytest.approx(2.0)                 # (2 + 1 + 3) / 3 points, the diverged seed unpaired
+    assert row["final_lo"] < 2.0 < row["final_hi"]
+    assert row["part_round"] == 2                                  # a side diverged there (and 10 points apart)

@@ -1,0 +1,170 @@
+"""pFedSD and FedAvg beside the authors' code over a grid of lr x B x E (issue 53): `pfedsd_authors.py` once per
+point, then one table of the whole grid.
+
+Each point runs `pfedsd_authors.py` in a subprocess with its own output folder (<out>/lr<lr>_B<B>_E<E>/), at the
+stress base setting (10 clients, every client every round, subsample 0.05 of the pooled 70,000 images: 350 a client,
+280 to train; 8 rounds; the last 3 averaged) and the point's lr, B and E; both sides on our partition and initial
+weights, a seed drawing one of each. The script reuses every finished run (theirs: its records; ours: its store),
+so the grid resumes where it was stopped: kill it at any time and start it again with the same arguments. Points
+run corners first (E in {1, 5} x B in {16, 64}, every lr), then the rest, so an interrupted grid has covered its
+range. A divergence on either side is a result (`pfedsd_authors.py` records it and goes on).
+
+    nohup nice -n 19 .venv/bin/python scripts/crosscheck/pfedsd_grid.py --authors /tmp/pfedsd_authors \
+        --out /work/xgrid > /work/xgrid.log 2>&1 &
+    .venv/bin/python scripts/crosscheck/pfedsd_grid.py --out /work/xgrid --summarize   # the table so far
+
+Written to --out: `grid_summary.csv` (per point and algorithm: seeds with both sides, each side's diverged count,
+the paired difference ours - theirs of the final metric (mean of the last 3 rounds) and of the best round, each with
+its 90 % interval under the report's calibrated rule (`verdicts.cell_interval`: paired t over the seeds, floored by
+the test-set resolution of 700 test images), and the first round where the curves part: the seed-mean of ours -
+theirs per round beyond PART points, or a side diverging) and `grid_summary.md` (the same as a table).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+BASE = ["--n-clients", "10", "--rounds", "8", "--subsample", "0.05", "--last", "3"]
+PART = 3.0           # points: where the seed-mean per-round difference first exceeds this, the curves have parted
+N_TEST = 700         # test images of the base setting (10 clients x 70): the floor of a paired difference
+
+
+def points(lrs, bs, es) -> list[tuple]:
+    """(lr, B, E), corners of B and E first (every lr), then the rest, each block in (E, B, lr) order."""
+    every = [(lr, b, e) for e, b, lr in itertools.product(es, bs, lrs)]
+    corner = [p for p in every if p[1] in (min(bs), max(bs)) and p[2] in (min(es), max(es))]
+    return corner + [p for p in every if p not in corner]
+
+
+def tag(p) -> str:
+    return f"lr{p[0]:g}_B{p[1]}_E{p[2]}"
+
+
+def run_point(p, opts) -> int:
+    cmd = [sys.executable, str(HERE / "pfedsd_authors.py"), "--authors", opts.authors, "--out",
+           str(Path(opts.out) / tag(p)), "--seeds", opts.seeds, "--algorithms", opts.algorithms, *BASE,
+           "--lr", str(p[0]), "--batch-size", str(p[1]), "--local-epochs", str(p[2])]
+    print(f"== {tag(p)}: {' '.join(cmd[2:])}", flush=True)
+    return subprocess.call(cmd)
+
+
+def _read(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def _num(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def interval(diffs: list, means: list) -> tuple:
+    """The paired difference's mean and 90 % interval under the report's rule (nan without one)."""
+    from pflrepro.reporting.verdicts import Sample, cell_interval, floor_variance
+    d = np.array([x for x in diffs if np.isfinite(x)])
+    if not len(d):
+        return float("nan"), float("nan"), float("nan")
+    floor = floor_variance("diff", [float(np.mean(means[0])), float(np.mean(means[1]))], [N_TEST]) if means[0] else 0
+    ci, _ = cell_interval(Sample("grid", float(d.mean()), values=d, floor=floor))
+    return float(d.mean()), *(ci if ci else (float("nan"), float("nan")))
+
+
+def parting_round(rows: list) -> int | str:
+    """The first round where a side diverged or the seed-mean of ours - theirs (pm_mean) is beyond PART points."""
+    rounds = sorted({int(r["round"]) for r in rows})
+    for rnd in rounds:
+        at = [r for r in rows if int(r["round"]) == rnd]
+        if any(_num(r["diverged"]) > 0 for r in at):
+            return rnd
+        by_seed = {}
+        for r in at:
+            by_seed.setdefault(r["seed"], {})[r["side"]] = _num(r["pm_mean"])
+        d = [100 * (v["ours"] - v["theirs"]) for v in by_seed.values() if len(v) == 2]
+        if d and abs(np.mean(d)) > PART:
+            return rnd
+    return ""
+
+
+def point_rows(p, folder: Path) -> list[dict]:
+    per_seed, per_round = folder / "per_seed.csv", folder / "per_round.csv"
+    if not per_seed.exists():
+        return []
+    seeds, rounds = _read(per_seed), _read(per_round)
+    out = []
+    for algo in dict.fromkeys(r["algorithm"] for r in seeds):
+        row = {"lr": p[0], "B": p[1], "E": p[2], "algorithm": algo}
+        mine = [r for r in seeds if r["algorithm"] == algo]
+        for metric, name in (("pm_mean", "final"), ("pm_best", "best")):
+            sel = [r for r in mine if r["metric"] == metric]
+            ok = [r for r in sel if np.isfinite(_num(r["diff"]))]
+            row["seeds"] = len(sel)
+            row["both"] = len(ok)
+            row[f"ours_{name}"] = 100 * np.mean([_num(r["ours"]) for r in ok]) if ok else float("nan")
+            row[f"theirs_{name}"] = 100 * np.mean([_num(r["theirs"]) for r in ok]) if ok else float("nan")
+            m, lo, hi = interval([100 * _num(r["diff"]) for r in ok],
+                                 ([100 * _num(r["ours"]) for r in ok], [100 * _num(r["theirs"]) for r in ok]))
+            row.update({f"diff_{name}": m, f"{name}_lo": lo, f"{name}_hi": hi})
+            row["diverged_ours"] = sum(1 for r in sel if r["ours_diverged_round"] != "")
+            row["diverged_theirs"] = sum(1 for r in sel if r["theirs_diverged_round"] != "")
+        row["part_round"] = parting_round([r for r in rounds if r["algorithm"] == algo])
+        out.append(row)
+    return out
+
+
+def summarize(opts, grid: list) -> list[dict]:
+    rows = [r for p in grid for r in point_rows(p, Path(opts.out) / tag(p))]
+    if not rows:
+        print("no finished point yet")
+        return rows
+    sys.path.insert(0, str(HERE))
+    from _shared import write_csv
+    write_csv(Path(opts.out) / "grid_summary.csv", rows)
+    lines = ["| lr | B | E | method | seeds | diverged ours / theirs | final ours / theirs | ours - theirs final [90 %] "
+             "| best: ours - theirs [90 %] | curves part at round |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['lr']:g} | {r['B']} | {r['E']} | {r['algorithm']} | {r['seeds']} | "
+                     f"{r['diverged_ours']} / {r['diverged_theirs']} | {r['ours_final']:.1f} / {r['theirs_final']:.1f} "
+                     f"| {r['diff_final']:+.1f} [{r['final_lo']:+.1f}, {r['final_hi']:+.1f}] | {r['diff_best']:+.1f} "
+                     f"[{r['best_lo']:+.1f}, {r['best_hi']:+.1f}] | {r['part_round'] or '-'} |")
+    (Path(opts.out) / "grid_summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--authors", help="CGCL-codes/pFedSD checkout (not needed with --summarize)")
+    ap.add_argument("--out", default="/work/xgrid", help="output folder (outside the repository)")
+    ap.add_argument("--lrs", default="0.005,0.01,0.02,0.05")
+    ap.add_argument("--batch-sizes", default="16,32,64")
+    ap.add_argument("--epochs", default="1,3,5")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--algorithms", default="pfedsd,fedavg")
+    ap.add_argument("--summarize", action="store_true", help="only write the table of what has finished")
+    opts = ap.parse_args(argv)
+    grid = points([float(x) for x in opts.lrs.split(",")], [int(x) for x in opts.batch_sizes.split(",")],
+                  [int(x) for x in opts.epochs.split(",")])
+    if not opts.summarize:
+        if not opts.authors:
+            ap.error("--authors is needed to train (or pass --summarize)")
+        for p in grid:
+            if run_point(p, opts) != 0:
+                print(f"   {tag(p)}: the point's script failed; going on", flush=True)
+            summarize(opts, grid)
+    summarize(opts, grid)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
