@@ -120,6 +120,7 @@ def _add_train(sub) -> None:
     t.add_argument("--profile", help="instead of each params file's default profile")
     t.add_argument("--jobs", help="runs at once ('auto' or an integer; default $PFLREPRO_JOBS or auto)")
     t.add_argument("--executor", help="where missing runs train: local (default: $PFLREPRO_EXECUTOR or local), "
+                   "stacked[:runs=N] (one process, clients of several runs trained together: for a GPU), "
                    "ray, ray:ADDRESS[,cpus=N,gpus=F,shared] (pflrepro.pipeline.executors)")
     t.add_argument("--progress", default="log", choices=["log", "bars", "none"])
     t.add_argument("--stop-on-error", action="store_true", help="stop at the first run that fails (default: name it "

@@ -3,6 +3,8 @@
 key, value and what is allowed). The bottom layer: it imports nothing of pflrepro."""
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -103,10 +105,15 @@ def _shape_problem(value) -> str | None:
     return None
 
 
-def load_yaml(text: str, what: str):
-    """Settings written as YAML (a --config file, an override's value), refused in one line naming `what` when they
-    are not YAML, repeat a key (YAML would keep the last silently: `lr: 0.05` then `lr: 0.5` trained at 0.5), nest too
-    deep (PyYAML's composer recurses) or expand to too many values."""
+class _DuplicateKey(Exception):
+    def __init__(self, key, line: int):
+        super().__init__(key, line)
+        self.key, self.line = key, line
+
+
+@functools.cache
+def _strict_loader():
+    """PyYAML's safe loader that refuses a repeated key (`_DuplicateKey`), built once."""
     import yaml
 
     class Strict(yaml.SafeLoader):
@@ -117,14 +124,24 @@ def load_yaml(text: str, what: str):
         for key_node, _ in node.value:
             key = loader.construct_object(key_node, deep=deep)
             if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise ConfigError(f"{what}: the key {key!r} appears twice (line {key_node.start_mark.line + 1}); "
-                                  "YAML would keep the last one silently")
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
             seen.add(key) if isinstance(key, (str, int, float, bool)) else None
         return loader.construct_mapping(node, deep=deep)
 
     Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return Strict
+
+
+def load_yaml(text: str, what: str):
+    """Settings written as YAML (a --config file, an override's value), refused in one line naming `what` when they
+    are not YAML, repeat a key (YAML would keep the last silently: `lr: 0.05` then `lr: 0.5` trained at 0.5), nest too
+    deep (PyYAML's composer recurses) or expand to too many values."""
+    import yaml
     try:
-        value = yaml.load(text, Loader=Strict)
+        value = yaml.load(text, Loader=_strict_loader())
+    except _DuplicateKey as e:
+        raise ConfigError(f"{what}: the key {e.key!r} appears twice (line {e.line}); YAML would keep the last one "
+                          "silently") from None
     except RecursionError:
         raise ConfigError(f"{what}: nested more than {MAX_YAML_DEPTH} levels deep: not run settings") from None
     except yaml.YAMLError as e:

@@ -6,19 +6,25 @@ For a bare CUDA machine lent for a few minutes: it needs nothing beyond a checko
 (torch >= 2.11, numpy, scipy, pandas, PyYAML; no pflrepro install, no network). Fashion-MNIST comes from the usual
 places (pflrepro.data.datasets: data/fmnist.pt, the Debian IDX files, or $PFLREPRO_DATA/FashionMNIST/raw/*.gz: copy
 the four IDX .gz files, 30 MB, beside the checkout). It stops itself inside `--budget-s` (each step gets a share; a
-step that finds no time left is skipped with a line saying so) and writes everything into DIR, at most 8 files:
+step that finds no time left is skipped with a line saying so) and writes everything into DIR, at most 8 files
+(what a lent machine gives back):
 
   gpu_check.md          the report: environment, each step's result and time, what was skipped
-  env.json              device, torch and CUDA versions, GPU name and memory, the determinism settings
   correctness.csv       1. a round of every algorithm on the device; per-client vs batched engine on the same runs;
-                           the same run twice (bit-identical or not), with default and deterministic settings
+                           the same run twice (bit-identical or not), with default and deterministic settings; seeds
+                           trained stacked (executor "stacked": their clients in shared calls) against each alone
   bench_engines.csv     2. benchmarks/bench_engines.py on the device (conventional, per-client, batched engines; the
-                           matmul peak measured in the same run)
-  evidence.csv          3. paper-scale runs on Fashion-MNIST, the most decisive first (pFedSD Table 2's FMNIST rows at
-                           the paper's settings, three paired seeds), each run's best and final metric beside the paper
+                           matmul peak measured in the same run), then benchmarks/bench_together.py (seeds stacked
+                           against one after another; rows with bench = "stacked")
+  evidence.csv          3. the evidence plan (EVIDENCE): each paper's headline row at that paper's own settings on
+                           Fashion-MNIST (its model, clients, E, B, participation, rounds: fewer rounds only where a
+                           lease cannot hold them, said per row), the most decisive first, three paired seeds, the
+                           seeds of a method trained stacked in one process; each run's best and final metric
   evidence_curves.csv      the same runs, every evaluated round
   evidence_claims.csv      the paired comparisons those runs decide (pflrepro.reporting.verdicts' rule)
-  log.txt               everything printed
+  runs.tar.gz              every evidence run that finished, as the verified run records of its store (the paper-scale
+                           tier: unpack into a store and the report reads it, docs/evidence.md)
+  log.txt               everything printed; its first line is the environment (device, versions, determinism settings)
 
 `--tiny` shrinks every step to seconds (a few clients, one or two rounds, one benchmark workload): with `--device cpu`
 it runs in CI (tests/test_gpu_check.py), so the check cannot rot before the next GPU comes."""
@@ -44,17 +50,35 @@ import torch
 
 from pflrepro.algorithms import ALGORITHMS
 from pflrepro.pipeline.store import WALL_COLUMNS, is_finished, load_checkpoint, load_result, run, run_dir
+from pflrepro.reporting.tier import PAPER_METHOD, paired_claims, paper_value, paper_values  # noqa: F401
 
 SMOKE = {"dataset": "fmnist", "subsample": 0.02, "n_clients": 4, "partition": "iid", "split": "random",
          "split_params": {"fractions": [0.8, 0.2]}, "model": "cnn_cifar10", "rounds": 1, "local_epochs": 1,
          "batch_size": 16, "lr": 0.05, "momentum": 0.9, "checkpoint_every": 1}
 ENGINE_ALGOS = ("fedavg", "pfedsd", "ditto", "fedrep", "scd")      # plan-based: both engines run them
 DETERMINISM_ALGOS = ("fedavg", "pfedsd")
-# Paper-scale slices, most decisive first: (params file, setting, methods, rounds or None for the paper's). pFedSD
-# Table 2's Fashion-MNIST rows are the only paper cells this project's offline data can reproduce exactly.
-SLICES = (("pfedsd_table2", "fmnist 100 clients", ("pfedsd", "fedper", "lg_fedavg", "fedavg"), None),
-          ("pfedsd_table2", "fmnist 20 clients", ("pfedsd", "fedper", "lg_fedavg", "fedavg"), None),
-          ("pfedsd_table2", "fmnist 100 clients", ("fedprox", "pfedme", "fedfomo"), None))
+# The evidence plan (issue 56): each paper's headline row at that paper's own settings (its model, clients, E, B,
+# participation, rounds) on Fashion-MNIST, the most decisive first: (params file, setting of its paper profile,
+# methods, rounds or None for the paper's, overrides). pFedSD Table 2's FMNIST rows are the paper's own cells; the
+# other papers' rows are their headline CIFAR settings with the data swapped (PerFed-CKT's public set: unused
+# Fashion-MNIST training images instead of CIFAR-100). Rounds are cut only where a 10-minute lease cannot hold the
+# paper's (the cut is in the row and the report): DC-PFL's cnn1 (2 M parameters, E = 10 over 6,000 images a client)
+# 20 of 100, PerFed-CKT's VGG-11 50 of 500, SCD's ResNet-18 (100 clients, every one every round, E = 5) 10 of 500,
+# estimated from the H200 rates of 2026-11-28 (docs/performance.md), to be replaced by the first lease's measurement.
+FMNIST = {"dataset": "fmnist"}
+SLICES = (("pfedsd_table2", "fmnist 100 clients", ("fedprox", "pfedme", "fedfomo"), None, {}),
+          ("fedbsd_table1", "cifar10 N=100 S=2", ("fedbsd", "fedrep", "fedper"), None, FMNIST),
+          ("dcpfl_table1", "cifar10 K=10 r=100%", ("dcpfl", "fedgh", "local"), 20, FMNIST),
+          ("perfed_ckt_table1", "C=0.15", ("perfed_ckt_c3", "perfed_ckt_c1", "ditto"), 50,
+           {**FMNIST, "public": {"dataset": "", "split": "train", "size": 2000}}),
+          ("scd_table1", "alpha=0.1", ("scd", "fedrod", "fedavg"), 10, FMNIST),
+          ("pfedsd_table2", "fmnist 100 clients", ("pfedsd", "fedper", "lg_fedavg", "fedavg"), None, {}),
+          ("pfedsd_table2", "fmnist 20 clients", ("pfedsd", "fedper", "lg_fedavg", "fedavg"), None, {}))
+RUNS_TAR_MAX = 15 * 2**20
+SEEDS = 3                     # paired seeds a slice trains (0, 1, 2)
+# `--tiny` (the CPU rehearsal in CI) trains the deep paper models' slices on the LeNet-size CNN: their architectures
+# have tests of their own (make test-full); the rehearsal proves the plan's path (configs, stacking, records), not them
+TINY_MODEL = {"vgg11": "cnn_cifar10", "resnet18": "cnn_cifar10", "cnn1": "cnn_cifar10"}     # a file a lent machine gives back is at most 16 MiB
 SHARES = {"correctness": 0.2, "bench": 0.2}   # of the budget; the evidence gets the rest
 TINY_SHARES = {"correctness": 0.45, "bench": 0.2}
 
@@ -222,8 +246,44 @@ def same_twice(device: str, clock: Clock, until: float, root: Path, rep: Report)
     return rows
 
 
+STACK_ALGOS = ("fedavg", "pfedsd")
+
+
+def stacked_agree(device: str, clock: Clock, until: float, root: Path, rep: Report) -> list[dict]:
+    """Three seeds trained stacked (their clients in shared calls: core/together.py) against each trained alone, on
+    the device: round 1's mean training loss must agree to float rounding (relative 1e-4), every client of the three
+    runs must have shared each call; how far the metrics moved, and whether bit for bit, are reported."""
+    from pflrepro.core.together import Stacker
+    rows = []
+    for a in STACK_ALGOS:
+        if clock.left() < until:
+            rows.append({"check": "stacked = alone", "what": a, "ok": "skipped: budget"})
+            continue
+        cfgs = [smoke_config(a, device, rounds=2, seed=s, engine="batched") for s in (0, 1, 2)]
+        alone = [run(c, root=root / "alone", progress=False) for c in cfgs]
+        st = Stacker()
+        outs = st.run_all([lambda c=c: run(c, root=root / "stacked", progress=False) for c in cfgs])
+        errors = [f"{type(e).__name__}: {e}"[:300] for _, e in outs if e is not None]
+        if errors:
+            rows.append({"check": "stacked = alone", "what": a, "ok": False, "error": errors[0]})
+            continue
+        first = max(abs(g.history[0]["train_loss"] - w.history[0]["train_loss"]) / abs(w.history[0]["train_loss"])
+                    for (g, _), w in zip(outs, alone))
+        pm = max(abs(x["pm_acc_mean"] - y["pm_acc_mean"]) for (g, _), w in zip(outs, alone)
+                 for x, y in zip(g.history, w.history))
+        shared = max((n for _, n in st.calls), default=0)
+        ok = first <= 1e-4 and shared == 3 * SMOKE["n_clients"]
+        rows.append({"check": "stacked = alone", "what": a, "ok": ok, "round1_diff_train_loss": first,
+                     "max_diff_pm_acc_mean": pm, "max_diff": pm,
+                     "bit_identical": all(_numbers(g) == _numbers(w) for (g, _), w in zip(outs, alone)),
+                     "clients_per_call": shared})
+        rep.say(f"  stacked {a:<10} {ok} round-1 loss rel diff {first:.2g}, pm diff {pm:.2g}, {shared} clients a call")
+    return rows
+
+
 def correctness(device: str, clock: Clock, stop_at: float, root: Path, rep: Report) -> list[dict]:
     rows = engines_agree(device, clock, stop_at, root / "engines", rep)
+    rows += stacked_agree(device, clock, stop_at, root / "stacked", rep)
     rows += same_twice(device, clock, stop_at, root / "twice", rep)
     return rows + smoke_rounds(device, clock, stop_at, root / "smoke", rep)
 
@@ -259,31 +319,68 @@ def bench(device: str, seconds: float, tiny: bool, rep: Report, which=None) -> t
             rows += list(csv.DictReader(f))
         md = (tmp / "bench_engines.md").read_text()
         mds.append(md[md.index("| workload |"):] if "| workload |" in md else md)
-    return rows, "\n\n".join(mds)
+    srows, smd = bench_stacked(device, seconds - (time.monotonic() - t0), tiny, rep)
+    return rows + srows, "\n\n".join(mds + [smd])
+
+
+def bench_stacked(device: str, left: float, tiny: bool, rep: Report) -> tuple[list[dict], str]:
+    """benchmarks/bench_together.py on the device: seeds stacked against one after another (rows: bench = stacked)."""
+    if left < 15:
+        return [], f"- stacked seeds: skipped, {max(left, 0):.0f} s of the step's share left"
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-check-stacked-"))
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_together.py"), "--device", device, "--out", str(tmp)] + \
+        (["--quick"] if tiny else ["--seeds", "6", "--rounds", "3"])
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=left, check=False)
+    except subprocess.TimeoutExpired:
+        return [], f"- stacked seeds: stopped at the step's share of the budget ({left:.0f} s)"
+    rep.say(proc.stdout[-2000:] + proc.stderr[-1000:])
+    if proc.returncode != 0 or not (tmp / "bench_together.csv").exists():
+        return [], f"- stacked seeds: failed (exit {proc.returncode}): {proc.stderr[-400:]}"
+    with open(tmp / "bench_together.csv") as f:
+        rows = [{"bench": "stacked", **r} for r in csv.DictReader(f)]
+    return rows, "Seeds stacked (`benchmarks/bench_together.py`):\n\n" + (tmp / "bench_together.md").read_text()
 
 
 # ---------------------------------------------------------------- 3. paper-scale evidence
-def slice_configs(name: str, setting: str, methods, rounds, tiny: bool, device: str) -> dict:
+def slice_configs(name: str, setting: str, methods, rounds, tiny: bool, device: str, over: dict | None = None) -> dict:
+    """{(method, seed): config}: the paper profile's configs of `setting`, with `over` (the data swapped), the device
+    and the checkpoint interval; `rounds` caps the paper's rounds. `tiny`: two methods, two seeds, seconds' scale."""
     from pflrepro.federation.config import RunConfig
     from pflrepro.pipeline.experiments import grid, load_profile
     p = load_profile(name, "paper")
-    over = {"device": device, "checkpoint_every": 5}
+    over = {**(over or {}), "device": device, "checkpoint_every": 5}
     if tiny:
         over.update(subsample=0.05, n_clients=10, participation=0.5, rounds=2, local_epochs=1)
-    elif rounds:
-        over["rounds"] = rounds
+        if over.get("public"):
+            over["public"] = {**over["public"], "size": 40}
     g = grid(p)
     methods = methods[:2] if tiny else methods
-    return {(m, s): RunConfig.from_dict({**g[(m, st, s)].to_dict(), **over}) for m in methods
-            for (mm, st, s) in g if mm == m and st == setting and (not tiny or s == 0)}
+    out = {}
+    for (m, st, _), cfg in g.items():
+        if m not in methods or st != setting or any(k[0] == m for k in out):
+            continue
+        for seed in range(2 if tiny else SEEDS):    # three paired seeds, whatever the profile runs (DC-PFL's: one)
+            d = {**cfg.to_dict(), **over, "seed": seed}
+            if rounds and not tiny:
+                d["rounds"] = min(rounds, cfg.rounds)
+            if tiny and d["model"] in TINY_MODEL and not d["models"]:
+                d["model"] = TINY_MODEL[d["model"]]
+            if tiny:     # one epoch of each extra phase, two local iterations (PerFed-CKT's tau), small batches
+                d["hparams"] = {k: (1 if k.endswith("_epochs") else 2 if k == "tau" and isinstance(v, int) else
+                                    16 if k == "public_batch" else v) for k, v in d["hparams"].items()}
+            out[(m, seed)] = RunConfig.from_dict(d)
+    return out
 
 
-def launch(cfg, root: Path, log: Path, threads: int) -> subprocess.Popen:
+def launch(cfgs: list, root: Path, log: Path, threads: int) -> subprocess.Popen:
+    """One process training `cfgs` (the seeds of one method) stacked (executor "stacked", core/together.py)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    code = ("import json,sys,pflrepro; from pflrepro.pipeline.store import run; "
-            "run(json.loads(sys.argv[1]), root=sys.argv[2], progress=False)")
-    return subprocess.Popen([sys.executable, "-c", code, json.dumps(cfg.to_dict()), str(root)], env=env,
+    code = ("import json,sys,pflrepro; from pflrepro.federation.config import RunConfig; "
+            "from pflrepro.pipeline.executors import StackedExecutor; "
+            "StackedExecutor().train_all([RunConfig.from_dict(d) for d in json.loads(sys.argv[1])], sys.argv[2])")
+    return subprocess.Popen([sys.executable, "-c", code, json.dumps([c.to_dict() for c in cfgs]), str(root)], env=env,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
@@ -298,57 +395,55 @@ def history_of(cfg, root: Path) -> tuple[list, bool]:
 
 
 def run_slice(configs: dict, parallel: int, seconds: float, root: Path, rep: Report) -> dict:
-    """Every config as its own process, `parallel` at once, until done or `seconds` pass (the rest are stopped):
-    {key: ((history, finished), seconds it ran or None)}."""
+    """The seeds of each method as one stacked process, `parallel` processes at once, until done or `seconds` pass
+    (the rest are stopped; a stopped run keeps its last checkpoint): {key: ((history, finished), seconds or None)}."""
     root.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 1) // parallel)
-    todo, running, began, took, t0 = list(configs.items()), {}, {}, {}, time.monotonic()
+    by_method: dict = {}
+    for key, cfg in configs.items():
+        by_method.setdefault(key[0], []).append((key, cfg))
+    todo, running, began, took, t0 = list(by_method.items()), {}, {}, {}, time.monotonic()
     while (todo or running) and time.monotonic() - t0 < seconds:
         while todo and len(running) < parallel:
-            key, cfg = todo.pop(0)
-            running[key] = launch(cfg, root, root / f"log-{key[0]}-{key[1]}.txt", threads)
-            began[key] = time.monotonic()
-        for key, proc in list(running.items()):
+            method, items = todo.pop(0)
+            running[method] = (launch([c for _, c in items], root, root / f"log-{method}.txt", threads), items)
+            began[method] = time.monotonic()
+        for method, (proc, items) in list(running.items()):
             if proc.poll() is not None:
-                running.pop(key)
-                took[key] = time.monotonic() - began[key]
-                rep.say(f"    {key[0]} seed {key[1]}: exit {proc.returncode} after {took[key]:.0f} s")
+                running.pop(method)
+                for key, _ in items:
+                    took[key] = time.monotonic() - began[method]
+                rep.say(f"    {method} seeds {[k[1] for k, _ in items]} stacked: exit {proc.returncode} after "
+                        f"{time.monotonic() - began[method]:.0f} s")
         time.sleep(0.5)
-    for key, proc in running.items():
+    for method, (proc, items) in running.items():
         proc.kill()
         proc.wait()
-        took[key] = time.monotonic() - began[key]
-        rep.say(f"    {key[0]} seed {key[1]}: stopped at the budget after {took[key]:.0f} s")
+        for key, _ in items:
+            took[key] = time.monotonic() - began[method]
+        rep.say(f"    {method} stacked: stopped at the budget after {time.monotonic() - began[method]:.0f} s")
     return {key: (history_of(cfg, root), took.get(key)) for key, cfg in configs.items()}
 
 
-def paper_values(name: str) -> dict:
-    """{(dataset, setting, method): printed value} of the slice's paper table (paper_numbers/<paper_table>.csv)."""
-    import pandas as pd
-
-    from pflrepro.pipeline.experiments import read_params
-    table = read_params(name).get("paper_table")
-    path = REPO / "paper_numbers" / f"{table}.csv"
-    if not table or not path.exists():
-        return {}
-    df = pd.read_csv(path, comment="#")
-    return {(r.dataset, str(r.setting), r.method): float(r.value) for r in df.itertuples()}
-
-
-def evidence_rows(name: str, setting: str, configs: dict, done: dict, metric: str) -> tuple[list, list]:
-    paper = paper_values(name)
+def evidence_rows(name: str, setting: str, configs: dict, done: dict, metric: str,
+                  paper_rounds: dict | None = None, paper_dataset: str | None = None) -> tuple[list, list]:
+    """Per run its best and final metric beside the paper's printed cell (of the paper's own dataset: a row trained on
+    Fashion-MNIST at CIFAR's settings is shown beside the CIFAR cell, and its effect is compared with the CIFAR
+    effect)."""
+    paper, paper_rounds = paper_values(name), paper_rounds or {}
     rows, curves = [], []
     for (method, seed), cfg in configs.items():
         (hist, finished), seconds = done[(method, seed)]
         vals = [100 * h[metric] for h in hist]
         best = max(vals) if vals else float("nan")
-        rows.append({"table": name, "setting": setting, "method": method, "seed": seed,
-                     "rounds_done": hist[-1]["round"] if hist else 0, "rounds": cfg.rounds, "finished": finished,
+        rows.append({"table": name, "setting": setting, "method": method, "seed": seed, "dataset": cfg.dataset,
+                     "model": cfg.model,
+                     "rounds_done": hist[-1]["round"] if hist else 0, "rounds": cfg.rounds,
+                     "paper_rounds": paper_rounds.get((method, seed), cfg.rounds), "finished": finished,
                      f"best_{metric}": best, "best_round": hist[vals.index(best)]["round"] if vals else None,
                      f"final_{metric}": vals[-1] if vals else float("nan"),
-                     "paper": paper.get((cfg.dataset, setting, method),
-                                        paper.get((cfg.dataset, setting.removeprefix(f"{cfg.dataset} "), method),
-                                                  float("nan"))),
+                     "paper_dataset": paper_dataset or cfg.dataset,
+                     "paper": paper_value(paper, paper_dataset or cfg.dataset, setting, method),
                      "seconds": round(seconds, 1) if seconds else None, "device": cfg.device})
         curves += [{"table": name, "setting": setting, "method": method, "seed": seed, "round": h["round"],
                     metric: 100 * h[metric]} for h in hist]
@@ -356,55 +451,75 @@ def evidence_rows(name: str, setting: str, configs: dict, done: dict, metric: st
 
 
 def slice_claims(rows: list[dict], curves: list[dict], metric: str) -> list[dict]:
-    """The slice's first method against each other, paired by seed (verdicts.decide: a 95 % interval over >= 3
-    seeds, the paper's own difference as the effect to detect). Each pair is compared at the rounds both runs reached:
-    the best round up to there (the paper's "best round"), so a run stopped by the budget is compared at its horizon,
-    and the row says so."""
-    import numpy as np
+    """The slice's paired comparisons (pflrepro.reporting.tier.paired_claims, the report's paper-scale tier rule)."""
+    return paired_claims(rows, curves, metric)
 
-    from pflrepro.reporting.verdicts import Region, Sample, decide
-    ref, planned = rows[0]["method"], rows[0]["rounds"]
-    done = {(r["method"], r["seed"]): r["rounds_done"] for r in rows}
-    paper = {r["method"]: r["paper"] for r in rows}
 
-    def best(method, seed, horizon):
-        return max(c[metric] for c in curves if c["method"] == method and c["seed"] == seed and c["round"] <= horizon)
-    out = []
-    for m in dict.fromkeys(r["method"] for r in rows if r["method"] != ref):
-        seeds = sorted(s for (mm, s), d in done.items() if mm == m and d and done.get((ref, s)))
-        horizons = [min(done[(ref, s)], done[(m, s)]) for s in seeds]
-        diffs = np.array([best(ref, s, h) - best(m, s, h) for s, h in zip(seeds, horizons)])
-        effect = paper[ref] - paper[m]
-        name = f"{ref} > {m} ({rows[0]['table']}, {rows[0]['setting']})"
-        at = f"rounds <= {min(horizons)} of {planned}" if horizons and min(horizons) < planned else f"{planned} rounds"
-        if not len(diffs):
-            out.append({"claim": name, "verdict": "not run", "seeds": 0, "paper_effect": effect})
-            continue
-        d = decide([Sample(name, float(diffs.mean()), values=diffs)], Region(">", 0.0),
-                   paper_effect=effect if math.isfinite(effect) else None)
-        out.append({"claim": name, "verdict": d.verdict, "seeds": len(diffs), "at": at, "effect": d.interval_text(),
-                    "paper_effect": effect, "per_seed": " ".join(f"{v:+.2f}" for v in diffs)})
-    return out
+def plan(which, tiny: bool) -> list:
+    """The slices to run, in order; `tiny`: the first of each paper table (every paper's row, at seconds' scale)."""
+    chosen = [SLICES[i] for i in which]
+    if tiny:
+        seen = set()
+        chosen = [sl for sl in chosen if sl[0] not in seen and not seen.add(sl[0])]
+    return chosen
 
 
 def evidence(device: str, clock: Clock, tiny: bool, parallel: int, root: Path, rep: Report, which,
              only_methods=(), only_seeds=()) -> tuple:
     from pflrepro.pipeline.experiments import load_profile
-    rows, curves, claims, skipped = [], [], [], []
-    for name, setting, methods, rounds in [SLICES[i] for i in which][:1 if tiny else None]:
+    rows, curves, claims, skipped, finished = [], [], [], [], []
+    for name, setting, methods, rounds, over in plan(which, tiny):
         left = clock.left() - 15     # keep time to write the report
         if left < 30:
             skipped.append(f"{name} / {setting} / {', '.join(methods)}: skipped, {clock.left():.0f} s left")
             rep.say("  " + skipped[-1])
             continue
-        configs = {k: c for k, c in slice_configs(name, setting, methods, rounds, tiny, device).items()
+        configs = {k: c for k, c in slice_configs(name, setting, methods, rounds, tiny, device, over).items()
                    if (not only_methods or k[0] in only_methods) and (not only_seeds or k[1] in only_seeds)}
+        full = slice_configs(name, setting, methods, None, tiny, device, over)
+        paper_dataset = next(iter(slice_configs(name, setting, methods[:1], None, False, device).values())).dataset
         metric = load_profile(name, "paper").get("metric", "pm_acc_mean")
-        rep.say(f"  {name} / {setting}: {len(configs)} runs, {parallel} at once, {left:.0f} s")
-        done = run_slice(configs, parallel, left, root / f"{name}-{setting.replace(' ', '_')}", rep)
-        r, c = evidence_rows(name, setting, configs, done, metric)
+        cut = "" if not rounds or tiny else f", rounds cut to {rounds} (the paper's: {next(iter(full.values())).rounds})"
+        rep.say(f"  {name} / {setting} on {next(iter(configs.values())).dataset}: {len(configs)} runs, seeds of a "
+                f"method stacked, {parallel} processes at once, {left:.0f} s{cut}")
+        where = root / f"{name}-{setting.replace(' ', '_').replace('=', '').replace('%', '')}"
+        done = run_slice(configs, parallel, left, where, rep)
+        r, c = evidence_rows(name, setting, configs, done, metric, {k: full[k].rounds for k in configs}, paper_dataset)
         rows, curves, claims = rows + r, curves + c, claims + slice_claims(r, c, metric)
-    return rows, curves, claims, skipped
+        meta = {"table": name, "setting": setting, "paper_dataset": paper_dataset, "metric": metric}
+        finished += [(meta, k[0], run_dir(cfg, where)) for k, cfg in configs.items() if is_finished(run_dir(cfg, where))]
+    return rows, curves, claims, skipped, finished
+
+
+def slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)
+
+
+def pack_runs(finished: list, out: Path, rep: Report) -> list[str]:
+    """The finished evidence runs' store folders (verified records) into out/runs.tar.gz as
+    runs/<table>/<setting>/<method>/<run>/, each setting's folder with its tier.json (pflrepro.reporting.tier reads
+    them), while the file stays under RUNS_TAR_MAX; the names of any left out."""
+    import io
+    import tarfile
+    left_out, indexed = [], set()
+    if not finished:
+        return left_out
+    with tarfile.open(out / "runs.tar.gz", "w:gz") as tar:
+        for meta, method, path in finished:
+            where = f"runs/{meta['table']}/{slug(meta['setting'])}"
+            if (out / "runs.tar.gz").stat().st_size + sum(f.stat().st_size for f in path.iterdir()) > RUNS_TAR_MAX:
+                left_out.append(f"{where}/{method}/{path.name}")
+                continue
+            if where not in indexed:
+                blob = json.dumps(meta, indent=1).encode()
+                info = tarfile.TarInfo(f"{where}/tier.json")
+                info.size, info.mtime = len(blob), int(time.time())
+                tar.addfile(info, io.BytesIO(blob))
+                indexed.add(where)
+            tar.add(path, arcname=f"{where}/{method}/{path.name}")
+    rep.say(f"  runs.tar.gz: {len(finished) - len(left_out)} finished runs"
+            + (f"; left out (size): {', '.join(left_out)}" if left_out else ""))
+    return left_out
 
 
 # ---------------------------------------------------------------- merging several checks' evidence
@@ -478,7 +593,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop inside this many seconds (default 540)")
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     ap.add_argument("--tiny", action="store_true", help="every step at seconds' scale (CI, with --device cpu)")
-    ap.add_argument("--parallel", type=int, default=None, help="evidence runs at once (default: 12 on CUDA, 2 on CPU)")
+    ap.add_argument("--parallel", type=int, default=None, help="evidence processes at once, each the seeds of one "
+                    "method stacked (default: 8 on CUDA, 2 on CPU)")
     ap.add_argument("--steps", default="1,2,3", help="which steps, e.g. 3 (default 1,2,3)")
     ap.add_argument("--slices", default=",".join(map(str, range(len(SLICES)))),
                     help=f"which evidence slices (0-{len(SLICES) - 1}, see SLICES; default all, in order)")
@@ -512,9 +628,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("PFLREPRO_RESULTS", str(root / "results"))
     env = environment(dev)
     rep.say(json.dumps(env))
-    (out / "env.json").write_text(json.dumps(env, indent=1) + "\n")
     rep.md += [f"# Device check: {env.get('gpu', dev.type)}, torch {env['torch']}", "",
-               f"Budget {a.budget_s:.0f} s{' (tiny)' if a.tiny else ''}; commit {env['git']}.", ""]
+               f"Budget {a.budget_s:.0f} s{' (tiny)' if a.tiny else ''}; commit {env['git']}.", "",
+               "Environment: `" + json.dumps(env) + "`", ""]
     try:
         fmnist_source(rep)
         steps(a, dev.type, clock, root, rep)
@@ -538,7 +654,7 @@ def steps(a, device: str, clock: Clock, root: Path, rep: Report) -> None:
                 f"skipped: {sum(isinstance(r['ok'], str) for r in rows)}.\n\n"
                 + md_table([r for r in rows if r["check"] != "smoke round" or r["ok"] is not True],
                            ["check", "what", "ok", "round1_diff_train_loss", "max_diff_train_loss", "max_diff_pm_acc_mean", "max_diff",
-                            "error"]))
+                            "bit_identical", "clients_per_call", "error"]))
     t = time.monotonic()
     rep.say("2. engine benchmark")
     share = min(a.budget_s * shares["bench"], clock.left() - 60)
@@ -547,14 +663,15 @@ def steps(a, device: str, clock: Clock, root: Path, rep: Report) -> None:
     rep.section(f"2. Engine benchmark ({time.monotonic() - t:.0f} s)", md)
     t = time.monotonic()
     rep.say("3. paper-scale evidence")
-    parallel = a.parallel or (12 if device == "cuda" else 2)
-    erows, curves, claims, skipped = evidence(device, clock, a.tiny, parallel, root / "evidence", rep, a.slices,
-                                              a.methods, a.seeds) \
-        if 3 in a.steps else ([], [], [], ["not asked for (--steps)"])
+    parallel = a.parallel or (8 if device == "cuda" else 2)
+    erows, curves, claims, skipped, finished = evidence(device, clock, a.tiny, parallel, root / "evidence", rep,
+                                                        a.slices, a.methods, a.seeds) \
+        if 3 in a.steps else ([], [], [], ["not asked for (--steps)"], [])
+    skipped += [f"{r}: finished, not in runs.tar.gz (its size)" for r in pack_runs(finished, out, rep)]
     write_csv(out / "evidence.csv", erows)
     write_csv(out / "evidence_curves.csv", curves)
     write_csv(out / "evidence_claims.csv", claims)
-    cols = ["setting", "method", "seed", "rounds_done", "finished"] + \
+    cols = ["table", "setting", "dataset", "method", "seed", "rounds_done", "rounds", "paper_rounds", "finished"] + \
         [k for k in (erows[0] if erows else {}) if k.startswith(("best_", "final_")) and k != "best_round"] + \
         ["best_round", "paper", "seconds"]
     rep.section(f"3. Paper-scale evidence ({time.monotonic() - t:.0f} s)",

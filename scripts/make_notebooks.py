@@ -191,7 +191,8 @@ def dvc_yaml_text() -> str:
         "cmd": "python -m pflrepro report --results results --figures figures --out results/report --metrics "
                "metrics/report.json",
         "deps": ["pflrepro/reporting/claims.py", "pflrepro/reporting/forest.py", "pflrepro/reporting/health.py",
-                 "pflrepro/reporting/replication.py", "pflrepro/reporting/verdicts.py", "paper_numbers"]
+                 "pflrepro/reporting/replication.py", "pflrepro/reporting/tier.py", "pflrepro/reporting/verdicts.py",
+                 "paper_numbers", "docs/device"]   # docs/device: the paper-scale tier's run records (reporting/tier.py)
                 + [f"results/{n}" for n in papers] + [f"figures/{n}" for n in papers],
         "outs": ["results/report"],
         "metrics": [{"metrics/report.json": {"cache": False}}],   # the verdicts per paper, compact

@@ -192,7 +192,7 @@ def test_executor_strings(spec, want):
 
 
 @pytest.mark.parametrize("spec, match", [
-    ("slurm", "expected 'local', 'ray'"),
+    ("slurm", "expected 'local', 'stacked"),
     ("ray:auto,cpu=2", "unknown option 'cpu=2'"),
     ("ray:auto,cpus=two", "cpus='two' is not a number"),
     ("ray:auto,cpus=0.5", "a whole number >= 1"),

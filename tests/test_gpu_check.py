@@ -37,29 +37,54 @@ def test_tiny_cpu_check_runs_every_step_and_writes_at_most_8_files(tmp_path):
                           check=False, env={**__import__("os").environ, "PFLREPRO_RESULTS": str(tmp_path / "res")})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
-    assert len(files) <= 8 and {"gpu_check.md", "env.json", "correctness.csv", "evidence.csv", "log.txt"} <= set(files)
+    assert len(files) <= 8 and {"gpu_check.md", "correctness.csv", "evidence.csv", "log.txt", "runs.tar.gz"} <= set(files)
     checks = _rows(out / "correctness.csv")
     assert {r["what"] for r in checks if r["check"] == "smoke round"} == set(ALGORITHMS)
     assert all(r["ok"] == "True" for r in checks), [r for r in checks if r["ok"] != "True"]
-    assert {r["check"] for r in checks} == {"smoke round", "engines agree", "same run twice (default)",
-                                            "same run twice (deterministic)"}
+    assert {r["check"] for r in checks} == {"smoke round", "engines agree", "stacked = alone",
+                                            "same run twice (default)", "same run twice (deterministic)"}
+    stacked = [r for r in checks if r["check"] == "stacked = alone"]
+    assert [r["clients_per_call"] for r in stacked] == ["12", "12"]     # 3 seeds x 4 clients in every call
     bench = _rows(out / "bench_engines.csv")
-    assert {r["engine"] for r in bench} == {"conventional", "per_client", "batched"}
+    assert {r["engine"] for r in bench if r.get("bench") != "stacked"} == {"conventional", "per_client", "batched"}
+    assert {r["workload"] for r in bench if r.get("bench") == "stacked"} == {"mlp_fedavg", "lenet_pfedsd"}
     ev = _rows(out / "evidence.csv")
-    assert ev and all(r["finished"] == "True" and r["rounds_done"] == "2" for r in ev)
-    assert all(float(r["paper"]) > 90 for r in ev)      # read beside pFedSD Table 2's printed FMNIST cells
+    # the plan reaches every paper (tiny: the first slice of each paper table, two methods, two seeds)
+    assert {r["table"] for r in ev} == {"pfedsd_table2", "fedbsd_table1", "dcpfl_table1", "perfed_ckt_table1",
+                                        "scd_table1"}
+    assert all(r["finished"] == "True" and r["rounds_done"] == "2" and r["dataset"] == "fmnist" for r in ev)
+    pf = [r for r in ev if r["table"] == "pfedsd_table2"]
+    assert pf and all(float(r["paper"]) > 70 for r in pf)    # read beside pFedSD Table 2's printed FMNIST cells
+    assert {r["paper_dataset"] for r in ev if r["table"] != "pfedsd_table2"} == {"cifar10"}
+    import tarfile
+    with tarfile.open(out / "runs.tar.gz") as tar:
+        manifests = [n for n in tar.getnames() if n.endswith("manifest.json")]
+        assert len(manifests) == len(ev)          # every finished run, as its store's verified record
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    # the report reads them back as the paper-scale tier: every record verified, every paper's comparison decided
+    from pflrepro.reporting import tier
+    (tmp_path / "leases").mkdir()
+    (tmp_path / "unpacked").rename(tmp_path / "leases" / "tiny")
+    settings, refused = tier.read_tier(tmp_path / "leases")
+    assert not refused and sum(len(st.rows) for st in settings) == len(ev)
+    assert {st.table for st in settings} == {r["table"] for r in ev}
+    md = tier.tier_markdown(tmp_path / "leases")
+    for claim in _rows(out / "evidence_claims.csv"):
+        assert claim["claim"] in md          # the same comparisons the check wrote, recomputed from the records
     report = (out / "gpu_check.md").read_text()
     for step in ("## 1. Correctness", "## 2. Engine benchmark", "## 3. Paper-scale evidence"):
         assert step in report
 
 
 def test_the_first_slice_is_pfedsd_table2s_fmnist_row_at_the_papers_settings():
-    """The most decisive evidence first: the four methods at exactly the paper profile's 100-client FMNIST configs
+    """The most decisive evidence first: the methods that complete pFedSD's headline row, at exactly the paper
+    profile's 100-client FMNIST configs
     (E = 5, B = 64, 10 % of 100 clients, 100 rounds), only the device and the checkpoint interval set by the check."""
     m = _module()
-    name, setting, methods, rounds = m.SLICES[0]
-    assert (name, setting, rounds) == ("pfedsd_table2", "fmnist 100 clients", None)
-    got = m.slice_configs(name, setting, methods, rounds, False, "cuda")
+    name, setting, methods, rounds, over = m.SLICES[0]
+    assert (name, setting, rounds, over) == ("pfedsd_table2", "fmnist 100 clients", None, {})
+    assert set(methods) == {"fedprox", "pfedme", "fedfomo"}      # the three the 2026-11-28 lease did not reach
+    got = m.slice_configs(name, setting, methods, rounds, False, "cuda", over)
     want = experiments.grid(experiments.load_profile(name, "paper"))
     assert {k[0] for k in got} == set(methods) and {k[1] for k in got} == {0, 1, 2}
     for (method, seed), cfg in got.items():
@@ -90,3 +115,20 @@ def test_merge_keeps_the_run_that_got_furthest_and_recomputes_the_claims(tmp_pat
     assert all(r["finished"] == "True" for r in merged.values())
     claim, = _rows(tmp_path / "m" / "evidence_claims.csv")
     assert claim["at"] == "4 rounds" and claim["per_seed"] == "+5.00 +6.00 +6.00" and claim["verdict"] == "holds"
+
+
+def test_every_papers_slice_is_its_headline_setting_on_fashion_mnist():
+    """The plan's other papers: the paper profile's own setting (model, clients, E, B, participation) with the data
+    swapped to Fashion-MNIST, three paired seeds (DC-PFL's paper profile runs one), rounds cut only where said."""
+    m = _module()
+    for name, setting, methods, rounds, over in m.SLICES[1:5]:
+        got = m.slice_configs(name, setting, methods, rounds, False, "cuda", over)
+        want = experiments.grid(experiments.load_profile(name, "paper"))
+        assert {k[1] for k in got} == {0, 1, 2} and {k[0] for k in got} == set(methods)
+        assert m.PAPER_METHOD[name] in methods
+        for (method, seed), cfg in got.items():
+            ref = next(c for (mm, st, _), c in want.items() if mm == method and st == setting)
+            for f in ("model", "n_clients", "participation", "local_epochs", "batch_size", "lr", "partition"):
+                assert getattr(cfg, f) == getattr(ref, f), (name, f)
+            assert cfg.dataset == "fmnist" and cfg.seed == seed and cfg.device == "cuda"
+            assert cfg.rounds == (min(rounds, ref.rounds) if rounds else ref.rounds)

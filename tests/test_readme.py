@@ -36,6 +36,7 @@ def _commands() -> list[str]:
 
 def _kind(cmd: str) -> str | None:
     for kind, pattern in [("make", r"^make (repro|test)$"), ("cluster", r"(--executor|-p executor) ray"),
+                          ("stacked", r"(--executor|-p executor) stacked"),
                           ("ray_start", r"^ray start --(head|address) "), ("pip_extra", r"^pip install -e '\.\[\w+\]'$"),
                           ("cli", r"^python -m pflrepro "), ("device_check", r"^PYTHONPATH=\. .*scripts/gpu_check\.py "),
                           ("sweep", r"^(mkdir -p results/sweeps/|papermill notebooks/example\.ipynb )"),
@@ -134,6 +135,27 @@ def test_readme_python_block_runs(store):
     s = scope["res"].summary["pm_acc_mean"]
     assert set(s) >= {"best", "best_round", "last_mean", "final"}      # what the README's comment names
     assert 0.1 < s["best"] <= 1.0 and 0.0 < s["final"] <= s["best"]
+
+
+@pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
+def test_readme_stacked_commands_run(tmp_path, monkeypatch, capsys):
+    """The stacked-grid lines as written, on the smoke profile (the paper profile needs CIFAR and a GPU): the train
+    command trains through executor "stacked"; the notebook takes `executor` as a parameter and resolves it."""
+    from pflrepro.__main__ import main
+    from pflrepro.pipeline import executors
+    monkeypatch.setenv("PFLREPRO_RESULTS", str(tmp_path / "results"))
+    monkeypatch.chdir(tmp_path)
+    cmds = [c for c in _commands() if _kind(c) == "stacked"]
+    train = [c for c in cmds if c.startswith("python -m pflrepro train ")]
+    paper = [c for c in cmds if c.startswith("papermill ")]
+    assert len(train) == 1 and len(paper) == 1, cmds
+    assert main(shlex.split(train[0].replace("--profile paper", "--profile smoke"))[3:]) == 0
+    runs = list((tmp_path / "results" / "runs").iterdir())
+    assert runs and all((r / "manifest.json").exists() for r in runs)
+    nb = json.loads((REPO_ROOT / shlex.split(paper[0])[1]).read_text())
+    params = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    assert "executor" in "".join(params["source"])
+    assert isinstance(executors.resolve(shlex.split(paper[0])[-1], None, []), executors.StackedExecutor)
 
 
 def test_readme_install_extras_exist():

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 from torch.func import vmap
 
-from . import forked, grouped
+from . import forked, grouped, together
 from .clock import model_forward_flops
 from .context import Context, Plan, Then, train_one
 from .seeds import derive_seed
@@ -739,6 +739,19 @@ def train_plans(ctx: Context, rnd: int, plans: dict, on_trained) -> None:
                 raise MemoryBudgetError(_too_big(ctx, ks[0], need))
             singles += ks
             continue
+        if (stacker := together.current()) is not None:    # trained with other runs' clients (together.py)
+            try:
+                outs = stacker.train(together.Request(ctx, rnd, ks, [plans[k] for k in ks], size, need["total"],
+                                                      stack_key(ctx, ks[0], plans[ks[0]]),
+                                                      lambda items: train_items(items), chunk_size))
+            except NotBatchable:
+                if cfg.engine == "batched":
+                    raise
+                singles += ks
+                continue
+            for k, (state, stats) in zip(ks, outs):
+                on_trained(k, state, stats)
+            continue
         for i in range(0, len(ks), size):
             chunk = ks[i:i + size]
             try:
@@ -773,13 +786,41 @@ def _work_seconds(ctx: Context, k: int, plan: Plan) -> float:
     return forked.work_seconds(steps, min(B, n), flops)
 
 
+def stack_key(ctx: Context, k: int, plan: Plan) -> tuple:
+    """Groups of several runs with equal keys train in one call (core/together.py): their configs equal but for seeds
+    and data (`together.config_signature`), their plans the same loss code (each run's algorithm instance binds its
+    own; merging requires its hyperparameters equal), trainable set, epochs and learning rate, their data tensors the
+    same shape, dtype and device."""
+    gk = list(group_key(ctx, k, plan))
+    gk[1] = getattr(gk[1], "__func__", gk[1])     # the loss's code
+    gk[5] = None                                  # purpose: a seed stream, per client
+    x = ctx.data.x
+    return (together.config_signature(ctx.cfg), tuple(gk), str(x.device), x.dtype, tuple(x.shape[1:]),
+            ctx.cfg.local_epochs if plan.epochs is None else plan.epochs, ctx.cfg.lr if plan.lr is None else plan.lr)
+
+
 def _train_chunk(ctx: Context, rnd: int, ks: list[int], plans: list[Plan]):
+    return train_items([(ctx, rnd, k, p) for k, p in zip(ks, plans)])
+
+
+def train_items(items: list[tuple]) -> list:
+    """`local_train_many` of (ctx, rnd, k, plan) items: one run's chunk, or clients of several runs whose plans
+    merge (`stack_key`: the first item's model, loss term and settings are every item's). Each client keeps
+    its own seed, start, rows and aux; rows of runs with different data tensors are gathered into one."""
+    ctx, rnd, k0, p0 = items[0]
     c = ctx.cfg
-    p0 = plans[0]
+    if len({id(it[0].data.x) for it in items}) == 1:
+        x, y, index = ctx.data.x, ctx.data.y, [ctx.data.train[k] for _, _, k, _ in items]
+    else:
+        rows = [it[0].data.train[it[2]] for it in items]
+        x = torch.cat([it[0].data.x[r] for it, r in zip(items, rows)])
+        y = torch.cat([it[0].data.y[r] for it, r in zip(items, rows)])
+        ends = np.cumsum([0] + [len(r) for r in rows])
+        index = [torch.arange(a, b, device=x.device) for a, b in zip(ends[:-1], ends[1:])]
     return local_train_many(
-        ctx.model(ks[0]), [p.start for p in plans], ctx.data.x, ctx.data.y, [ctx.data.train[k] for k in ks],
+        ctx.model(k0), [p.start for *_, p in items], x, y, index,
         epochs=c.local_epochs if p0.epochs is None else p0.epochs, batch_size=c.batch_size,
         lr=c.lr if p0.lr is None else p0.lr, momentum=c.momentum, weight_decay=c.weight_decay, bias_decay=c.bias_decay,
         grad_clip=c.grad_clip, loss=p0.loss, trainable=p0.trainable,
-        seeds=[derive_seed(c.seed, rnd, k, p0.purpose) for k in ks], steps=[p.steps for p in plans],
-        aux=[p.aux for p in plans], per_sample=[p.per_sample for p in plans])
+        seeds=[derive_seed(it.cfg.seed, r, k, p.purpose) for it, r, k, p in items], steps=[p.steps for *_, p in items],
+        aux=[p.aux for *_, p in items], per_sample=[p.per_sample for *_, p in items])

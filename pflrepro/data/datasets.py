@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..paths import sweep_stale_tmp
+from ..paths import sweep_stale_tmp, write_atomic
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
@@ -240,14 +240,8 @@ def save_tensor_cache(ds: RawDataset, path: Path) -> Path:
     temporary file per process, removed when the write fails: a full disk leaves nothing behind)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale_tmp(path.parent)   # a killed writer's
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        torch.save({"name": ds.spec.name, "source": ds.source, "x_train": ds.x_train, "y_train": ds.y_train,
-                    "x_test": ds.x_test, "y_test": ds.y_test}, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda tmp: torch.save({"name": ds.spec.name, "source": ds.source, "x_train": ds.x_train,
+                                               "y_train": ds.y_train, "x_test": ds.x_test, "y_test": ds.y_test}, tmp))
     return path
 
 

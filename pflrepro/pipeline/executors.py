@@ -1,10 +1,15 @@
-"""Where a grid's missing runs train: this machine (`executor="local"`) or a Ray cluster (`executor="ray"`).
+"""Where a grid's missing runs train: this machine (`executor="local"`, or `"stacked"`: together, one program) or a
+Ray cluster (`executor="ray"`).
 
 Like `jobs`, the executor is an execution setting: it never enters a run's content address, and a run trained by
 either lands in the caller's store as the same files with the same metrics (bit for bit at equal threads:
-tests/test_executors.py).
+tests/test_executors.py; "stacked": bit for bit where the stacked arithmetic does not depend on how many clients share
+a call, up to float rounding otherwise, as chunking by memory_budget_mb; tests/test_together.py).
 
     "local"                 runs side by side on this machine, `jobs` at once (pflrepro.pipeline.parallel; the default)
+    "stacked[:runs=N]"      one process, runs in lockstep with their clients' local training stacked into shared
+                            calls (pflrepro.core.together: seeds of one setting as one program on one GPU), at most N
+                            runs a batch and as many as fit in memory
     "ray"                   a Ray cluster: the one at $RAY_ADDRESS if set, else a local Ray instance for the grid
     "ray:ADDRESS"           the cluster at ADDRESS ("auto", "10.0.0.5:6379")
     "ray:ADDRESS,cpus=4,gpus=0.5,shared"   options after the address (the address may be left empty: "ray:,cpus=2")
@@ -35,6 +40,7 @@ pipeline): each driver holds an exclusive lock on every run it trains, and waits
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -116,6 +122,106 @@ class LocalExecutor:
         check_datasets(configs)
         parallel.train_all(configs, root, self.jobs, on_done=on_done, progress=bars and self.jobs == 1,
                            keep_going=keep_going)
+
+
+class StackedExecutor:
+    """One process trains the grid's runs in lockstep, their clients' local training stacked into shared calls
+    (pflrepro.core.together): seeds of one method and setting train as one program on one device. Each run keeps its
+    own store record, checkpoints, RNG streams and metrics (equal to alone up to float rounding: together.py), and
+    its address does not depend on its companions. Runs are batched by what they share (`together.config_signature`:
+    seeds and data settings may differ), at most `runs` a batch, and as many as fit in memory (`plan_batches`)."""
+
+    name = "stacked"
+
+    def __init__(self, runs: int | None = None):
+        self.runs = runs
+
+    def describe(self) -> str:
+        return f"stacked, up to {self.runs or 'all'} runs a batch"
+
+    def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False, keep_going: bool = True) -> None:
+        from ..core.together import Stacker
+        from .parallel import GridFailed
+        from .store import run
+        check_datasets(configs)
+        failed: list = []
+        for batch in plan_batches(configs, self.runs):
+            outs = Stacker().run_all([lambda c=c: run(c, root=root, progress=False) for c in batch])
+            for cfg, (_, err) in zip(batch, outs):
+                if err is None:
+                    if on_done:
+                        on_done(cfg)
+                elif not isinstance(err, Exception):
+                    raise err        # KeyboardInterrupt, SystemExit: stop now
+                else:
+                    failed.append((cfg, err))
+                    print(f"[pflrepro] run {cfg.algorithm} seed {cfg.seed} failed ({type(err).__name__}); "
+                          + ("the others go on" if keep_going else "stopping the grid"), file=sys.stderr, flush=True)
+            if failed and not keep_going:
+                break
+        if len(failed) == 1:
+            raise failed[0][1]
+        if failed:
+            raise GridFailed(failed, len(configs), root)
+
+
+def run_bytes(cfg: RunConfig) -> int:
+    """A run's resident bytes, an upper bound: its dataset's images on the device, and per client three models
+    (a personal model, a teacher or anchor, its upload); local training is bounded by `memory_budget_mb`, one chunk at
+    a time for the whole batch of runs."""
+    from ..data.datasets import SPECS
+    from ..data.models import build_model
+    spec = SPECS[cfg.dataset]
+    image = spec.channels * spec.size * spec.size * 4 + 8
+    data = int(math.ceil((spec.n_train + spec.n_test) * image))
+    names = set(cfg.models) | {cfg.model}
+    model = max(sum(t.numel() * t.element_size() for t in build_model(m, spec.channels, spec.num_classes,
+                                                                        spec.size).state_dict().values())
+                for m in names)
+    return data + 3 * cfg.n_clients * model
+
+
+def memory_cap(configs: list[RunConfig]) -> float:
+    """Bytes the runs of one batch may hold: the GPU's memory (times $PFLREPRO_GPU_FRACTION when set) on CUDA, the
+    available RAM on a CPU, less the training chunk's budget (the largest memory_budget_mb)."""
+    import torch
+
+    from . import gpu
+    from .parallel import _available_gib
+    chunk = max(c.memory_budget_mb for c in configs) * 2**20
+    dev = gpu.device(configs[0].device)
+    if gpu.is_cuda(dev):
+        total = torch.cuda.get_device_properties(dev).total_memory * (gpu.fraction() or 1.0)
+    else:
+        total = _available_gib() * 2**30
+    return total - chunk
+
+
+def plan_batches(configs: list[RunConfig], runs: int | None = None, cap: float | None = None,
+                 size=run_bytes) -> list[list[RunConfig]]:
+    """The grid cut into batches trained together: runs that can share calls (equal config but for seeds and data:
+    together.SEED_AND_DATA) side by side, in their order, each batch at most `runs` runs and `cap` bytes (by `size`);
+    a run larger than the cap alone. A grid larger than memory is split, never run out of memory."""
+    from ..core.together import config_signature
+    cap = memory_cap(configs) if cap is None and configs else cap
+    sigs = [config_signature(c) for c in configs]
+    first = {}
+    for i, g in enumerate(sigs):
+        first.setdefault(g, i)
+    order = sorted(range(len(configs)), key=lambda i: (first[sigs[i]], i))    # the grid's order, by first seen
+    batches, cur, used, cur_sig = [], [], 0.0, None
+    for i in order:
+        c = configs[i]
+        b = size(c)
+        if cur and (sigs[i] != cur_sig or used + b > cap or (runs and len(cur) >= runs)):
+            batches.append(cur)
+            cur, used = [], 0.0
+        cur.append(c)
+        used += b
+        cur_sig = sigs[i]
+    if cur:
+        batches.append(cur)
+    return batches
 
 
 class RayExecutor:
@@ -360,19 +466,36 @@ def parse(spec: str) -> RayExecutor:
     return RayExecutor(address, **opts)
 
 
+def parse_stacked(spec: str) -> StackedExecutor:
+    """'stacked' or 'stacked:runs=N' -> StackedExecutor."""
+    _, _, rest = spec.partition(":")
+    runs = None
+    for p in filter(None, (q.strip() for q in rest.split(","))):
+        k, eq, v = p.partition("=")
+        if k != "runs" or not eq:
+            raise ConfigError(f"executor={spec!r}: unknown option {p!r} (runs=N: at most N runs trained together)")
+        if not v.strip().isdigit() or int(v) < 1:
+            raise ConfigError(f"executor={spec!r}: runs={v!r} is not an integer >= 1")
+        runs = int(v)
+    return StackedExecutor(runs)
+
+
 def resolve(executor, jobs, configs: list[RunConfig]):
     """An executor from a notebook's or the CLI's `executor` (None: $PFLREPRO_EXECUTOR, else "local")."""
     from . import parallel
     if executor is None:
         executor = os.environ.get("PFLREPRO_EXECUTOR", "local")
-    if isinstance(executor, (LocalExecutor, RayExecutor)):
+    if isinstance(executor, (LocalExecutor, RayExecutor, StackedExecutor)):
         return executor
     if executor == "local":
         return LocalExecutor(parallel.resolve_jobs(jobs, configs) if configs else 1)
+    if isinstance(executor, str) and executor.split(":")[0].strip() == "stacked":
+        return parse_stacked(executor)
     if isinstance(executor, str) and executor.split(":")[0].strip() == "ray":
         if jobs not in (None, "auto"):
             print(f"executor {executor!r}: jobs={jobs!r} is ignored (the cluster's free CPUs and GPUs set how many "
                   "runs train at once)", file=sys.stderr)
         return parse(executor)
-    raise ConfigError(f"executor={executor!r}: expected 'local', 'ray' or 'ray:ADDRESS[,cpus=N,gpus=F,shared]'")
+    raise ConfigError(f"executor={executor!r}: expected 'local', 'stacked[:runs=N]', 'ray' or "
+                      "'ray:ADDRESS[,cpus=N,gpus=F,shared]'")
 

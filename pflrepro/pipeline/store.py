@@ -48,14 +48,14 @@ import numpy as np
 import torch
 
 from ..algorithms import ALGORITHMS
-from ..core import forked
+from ..core import forked, together
 from ..core.batched import MemoryBudgetError, NotBatchable
 from ..core.context import Context
 from ..core.loop import run_rounds
 from ..federation.build import build_context, build_partition
 from ..federation.config import RunConfig
 from ..params import ConfigError
-from ..paths import REPO_ROOT, results_root, sweep_stale_tmp
+from ..paths import REPO_ROOT, results_root, sweep_stale_tmp, write_atomic
 from ..version import __version__
 from . import gpu
 from .progress import HEARTBEAT, Heartbeat
@@ -193,15 +193,8 @@ def _sha256(path: Path) -> str:
 
 
 def _write_atomic(path: Path, text: str | bytes) -> None:
-    """Write by rename (a temporary file per process, removed when the write fails): a reader finds the old file or
-    the whole new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(text.encode() if isinstance(text, str) else text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """The store's one writer (paths.write_atomic: by rename, nothing half-written left behind)."""
+    write_atomic(path, text)
 
 
 def _pause(step: str) -> None:
@@ -675,6 +668,8 @@ def provenance(cfg: RunConfig, ctx: Context, wall: float, res, git: dict) -> dic
         "git": git, "pflrepro": __version__, "python": platform.python_version(),
         "torch": torch.__version__, "numpy": numpy.__version__, "platform": platform.platform(),
         "wall_seconds": wall, "resumed_from_round": res.resumed_from,
+        # runs whose clients shared its local training calls (executor "stacked", core/together.py; 1: alone)
+        "trained_with_runs": together.current().runs if together.current() is not None else 1,
         # of which evaluation (every `eval_every` rounds: GM on the global test set, every PM on its local test)
         "eval_seconds": sum(r.get("eval_seconds", 0.0) for r in res.history),
         "bytes_up": res.bytes_up, "bytes_down": res.bytes_down,

@@ -35,7 +35,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from . import claims, forest, health, verdicts
+from . import claims, forest, health, tier, verdicts
 
 REPO_ROOT = claims.REPO_ROOT
 DVC_FILE = REPO_ROOT / "dvc.yaml"
@@ -532,7 +532,8 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
              "table and what it can resolve: docs/evidence.md, \"Eight baselines against PFLlib\" and the methods "
              "added beside them), and FedAvg and pFedSD beside the pFedSD authors' own code (CGCL-codes/pFedSD, "
              "`scripts/crosscheck/pfedsd_authors.py`; docs/evidence.md, \"FedAvg and pFedSD against the pFedSD "
-             "authors' code\").\n"]
+             "authors' code\").\n",
+             tier.tier_markdown()]
     flagged = flagged_by_run([st for sts in papers.values() for st in sts])
     if flagged is not None:
         checked = [st for sts in papers.values() for st in sts if st.exists and st.health is not None]
