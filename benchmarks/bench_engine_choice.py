@@ -1,5 +1,5 @@
 """Whole mini runs trained by the batched engine against client by client, in the same run: the measurements behind
-`engine: auto`'s rule on a CPU (`pflrepro.core.batched.slower_batched`).
+`engine: auto`'s rule on a CPU (`pflrepro.core.engines.batched.slower_batched`).
 
 For each run of the sample (one seed-0 run of a mini table, as `dvc repro` trains it), at one torch thread (a
 `dvc repro` worker's), each into a fresh run store, engines alternating (batched, per_client, batched, ...) R times
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from pflrepro.core.batched import slower_batched
+from pflrepro.core.engines import slower_batched
 from pflrepro.data.models import build_model
 from pflrepro.pipeline import experiments, store
 

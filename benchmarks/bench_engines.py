@@ -15,7 +15,7 @@ the n_k-weighted average):
   the clients' state dicts, loaded into the global model.
 - `per_client`: pflrepro's reference path (`engine='per_client'`): `training.local_train` client by
   client, batches are index slices of the pooled tensors on the device, no DataLoader.
-- `batched`: pflrepro's batched path (`engine='batched'`, `pflrepro.core.batched`): all selected clients'
+- `batched`: pflrepro's batched path (`engine='batched'`, `pflrepro.core.engines.batched`): all selected clients'
   steps at once, `vmap(grad_and_value)` over stacked weights, one fused SGD update.
 
 Workloads (`WORKLOADS`): (a) the `mini` FedAvg run of params/pfedsd_common.yaml on Fashion-MNIST;
@@ -235,7 +235,7 @@ class Pflrepro:
         self.algo = ALGORITHMS["fedavg"](ctx)
         self.server, self.clients = self.algo.server_init(), {}
         if ctx.cfg.engine != "per_client":
-            from pflrepro.core.batched import check_memory
+            from pflrepro.core.engines import check_memory
             check_memory(ctx, self.algo, 1, self.server, self.clients)
 
     def round(self, rnd: int, selected: list[int]) -> tuple[float, int]:

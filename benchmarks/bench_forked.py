@@ -1,4 +1,4 @@
-"""Clients side by side (`pflrepro.core.forked`) and the evaluation's chunk of rows (`training.EVAL_ROWS`), each
+"""Clients side by side (`pflrepro.core.engines.forked`) and the evaluation's chunk of rows (`training.EVAL_ROWS`), each
 against the code path it replaced, in the same run.
 
 - `train`: one round's client-by-client training (C clients, each `local_train` on its own n samples, E epochs,
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from pflrepro.core import forked
+from pflrepro.core.engines import forked
 from pflrepro.core.clock import model_forward_flops
 from pflrepro.core.training import EVAL_ROWS, local_train, outputs, predict
 from pflrepro.data.models import build_model

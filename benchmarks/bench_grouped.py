@@ -1,4 +1,4 @@
-"""One batched training step through `core.grouped` (convolutions and max-pooling of all clients as one channels-last
+"""One batched training step through `core.engines.grouped` (convolutions and max-pooling of all clients as one channels-last
 kernel) against the same step as `vmap` runs the plain layers, in the same run: the measurements behind
 `grouped.GROUPED_MIN_CLIENTS`, `grouped.GROUPED_MIN_ROWS` and `grouped.MEASURED_LAYERS`.
 
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from pflrepro.core import grouped
-from pflrepro.core.batched import losses_and_grads
+from pflrepro.core.engines import grouped
+from pflrepro.core.engines.many import losses_and_grads
 from pflrepro.data.models import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

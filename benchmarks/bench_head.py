@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from pflrepro.core.batched import local_train_many
+from pflrepro.core.engines import local_train_many
 from pflrepro.core.training import batchable, ce_loss, local_train
 from pflrepro.data.models import build_model
 

@@ -1,4 +1,4 @@
-"""Runs trained together (executor "stacked", pflrepro.core.together) against the same runs one after another.
+"""Runs trained together (executor "stacked", pflrepro.core.engines.together) against the same runs one after another.
 
     python benchmarks/bench_together.py [--quick] [--seeds 6] [--device cpu|cuda] [--threads 1] [--out DIR]
 
@@ -48,7 +48,7 @@ def configs(name: str, seeds: int, rounds: int, device: str) -> list:
 
 
 def measure(cfgs: list) -> dict:
-    from pflrepro.core.together import Stacker
+    from pflrepro.core.engines import Stacker
     from pflrepro.pipeline.store import run
     with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
         run(cfgs[0].replace(rounds=1, seed=899), root=a, progress=False)   # warm-up: data loaded, kernels chosen

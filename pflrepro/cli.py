@@ -419,7 +419,7 @@ def main(argv=None) -> int:
         print("interrupted: runs keep their last checkpoints; the same command resumes them", file=sys.stderr)
         return 130
     except RuntimeError as e:
-        from .core.batched import MemoryBudgetError, NotBatchable
+        from .core.engines import MemoryBudgetError, NotBatchable
         from .core.training import Divergence
         from .pipeline.parallel import GridFailed
         from .pipeline.store import StoreUnwritable

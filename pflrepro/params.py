@@ -3,8 +3,8 @@
 key, value and what is allowed). The bottom layer: it imports nothing of pflrepro."""
 from __future__ import annotations
 
+import difflib
 import functools
-
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +12,14 @@ from typing import Any
 
 class ConfigError(ValueError):
     """A bad configuration value; the message names the key, the value and what is allowed."""
+
+
+def did_you_mean(name, known) -> str:
+    """' (did you mean 'x'?)' when one of `known` is close to `name` (difflib's ratio >= 0.6), else ''."""
+    if not isinstance(name, str):
+        return ""
+    near = difflib.get_close_matches(name, [str(k) for k in known], n=1)
+    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 # Upper bounds of the epoch- and step-like settings (issue 33: `hparams.pm_epochs=1e9` ran for ever): far above any
@@ -54,7 +62,8 @@ class Param:
             raise ConfigError(f"{key}={value!r}: not representable as a 32-bit float (|x| between "
                               f"{FLOAT32_TINY:.3g} and {FLOAT32_MAX:.3g}, or 0)")
         if self.choices is not None and value not in self.choices:
-            raise ConfigError(f"{key}={value!r}: allowed values are {', '.join(map(repr, self.choices))}")
+            raise ConfigError(f"{key}={value!r}: allowed values are {', '.join(map(repr, self.choices))}"
+                              + did_you_mean(value, self.choices))
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             raise ConfigError(f"{key}={value!r}: must be {'>' if self.low_open else '>='} {self.low}")
         if self.high is not None and value > self.high:
@@ -70,7 +79,8 @@ def check_params(prefix: str, given: dict, schema: dict[str, Param]) -> dict:
     if unknown:
         allowed = ", ".join(sorted(schema)) or "(none)"
         name = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
-        raise ConfigError(f"{name}={given[unknown[0]]!r}: unknown key; allowed: {allowed}")
+        raise ConfigError(f"{name}={given[unknown[0]]!r}: unknown key{did_you_mean(unknown[0], schema)}; "
+                          f"allowed: {allowed}")
     out = {}
     for k, p in schema.items():
         # a setting whose default is None ("not set") may be given as None: a validated config re-validates

@@ -250,10 +250,10 @@ STACK_ALGOS = ("fedavg", "pfedsd")
 
 
 def stacked_agree(device: str, clock: Clock, until: float, root: Path, rep: Report) -> list[dict]:
-    """Three seeds trained stacked (their clients in shared calls: core/together.py) against each trained alone, on
+    """Three seeds trained stacked (their clients in shared calls: core/engines/together.py) against each trained alone, on
     the device: round 1's mean training loss must agree to float rounding (relative 1e-4), every client of the three
     runs must have shared each call; how far the metrics moved, and whether bit for bit, are reported."""
-    from pflrepro.core.together import Stacker
+    from pflrepro.core.engines import Stacker
     rows = []
     for a in STACK_ALGOS:
         if clock.left() < until:
@@ -374,7 +374,7 @@ def slice_configs(name: str, setting: str, methods, rounds, tiny: bool, device: 
 
 
 def launch(cfgs: list, root: Path, log: Path, threads: int) -> subprocess.Popen:
-    """One process training `cfgs` (the seeds of one method) stacked (executor "stacked", core/together.py)."""
+    """One process training `cfgs` (the seeds of one method) stacked (executor "stacked", core/engines/together.py)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     code = ("import json,sys,pflrepro; from pflrepro.federation.config import RunConfig; "

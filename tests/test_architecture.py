@@ -59,7 +59,7 @@ def _cycles(graph) -> list[list[str]]:
 
 
 def test_no_import_cycle_even_through_function_level_imports():
-    graph = grimp.build_graph("pflrepro", exclude_type_checking_imports=True)
+    graph = grimp.build_graph("pflrepro", exclude_type_checking_imports=False)
     assert _cycles(graph) == []
 
 
@@ -88,11 +88,12 @@ def _rel(files) -> set[str]:
 
 
 def test_which_files_change_a_runs_address():
-    """The address covers the layers that decide results, whole (params.py, data/, core/, federation/), and of
+    """The address covers the layers that decide results, whole (params.py, settings.py, data/, core/, federation/), and of
     algorithms/ only the files the run's algorithm executes; nothing that only runs configs or reads results."""
-    assert RESULT_CODE == ("params.py", "data", "core", "federation")
+    assert RESULT_CODE == ("params.py", "settings.py", "data", "core", "federation")
     layers = {f for f in _rel(result_code("fedavg")) if not f.startswith("algorithms/")}
-    expected = {"params.py"} | {f"{d}/{p.name}" for d in ("data", "core", "federation") for p in (PACKAGE / d).glob("*.py")}
+    expected = {"params.py", "settings.py"} | {p.relative_to(PACKAGE).as_posix() for d in ("data", "core", "federation")
+                                            for p in (PACKAGE / d).rglob("*.py")}
     assert layers == expected
     assert _rel(result_code("fedavg")) - layers == {"algorithms/base.py"}
     assert _rel(result_code("scd")) - layers == {"algorithms/base.py", "algorithms/ditto.py", "algorithms/scd.py",
@@ -108,13 +109,13 @@ def test_a_run_reaches_only_modules_in_its_address():
     except the few that only drive a run: the store itself, its progress heartbeat, the package roots, the version
     string, where results live, the GPU share (pipeline.gpu: a memory cap and a refusal before round 1) and the
     training lock (pipeline.locks). The tensor caches' check is in data.datasets, in the address."""
-    graph = grimp.build_graph("pflrepro", exclude_type_checking_imports=True)
+    graph = grimp.build_graph("pflrepro", exclude_type_checking_imports=False)
     reached = graph.find_upstream_modules("pflrepro.pipeline.store")
     drivers = {"pflrepro", "pflrepro.version", "pflrepro.paths", "pflrepro.pipeline", "pflrepro.pipeline.progress",
                "pflrepro.pipeline.gpu", "pflrepro.pipeline.locks"}
     in_address = {"pflrepro." + f[:-3].replace("/", ".").removesuffix(".__init__") for f in _rel(result_code(None))}
     assert reached - drivers - {"pflrepro.algorithms"} <= in_address, reached - drivers - in_address
-    assert {"pflrepro.core.loop", "pflrepro.core.batched", "pflrepro.federation.build"} <= reached
+    assert {"pflrepro.core.loop", "pflrepro.core.engines.batched", "pflrepro.federation.build"} <= reached
 
 
 def test_every_third_party_import_is_declared():
@@ -139,3 +140,36 @@ def test_every_third_party_import_is_declared():
     missing = {m: dists.get(m) for m in third if not {d.lower().replace("_", "-") for d in dists.get(m, [m])} & declared}
     assert missing == {}
     assert {"torch", "ruamel", "mistune"} <= third
+
+
+def test_settings_are_declared_once_and_core_reads_them_from_below():
+    """RunSettings' fields are RUN_SCHEMA's keys with its defaults (generated, not written twice); RunConfig adds only
+    validation; core annotates with RunSettings, a layer below it, so no import, type-checking ones included, goes up."""
+    import dataclasses
+
+    from pflrepro.federation.config import RunConfig
+    from pflrepro.settings import RUN_SCHEMA, RunSettings
+    fields = {f.name: f for f in dataclasses.fields(RunSettings)}
+    assert list(fields) == list(RUN_SCHEMA)
+    plain = RunSettings()
+    assert all(getattr(plain, k) == p.default for k, p in RUN_SCHEMA.items())
+    assert dataclasses.fields(RunConfig) == dataclasses.fields(RunSettings) and RunConfig.__slots__ == ()
+    graph = grimp.build_graph("pflrepro", exclude_type_checking_imports=False)
+    for m in graph.modules:
+        if m.startswith("pflrepro.core."):
+            assert not {i for i in graph.find_modules_directly_imported_by(m)
+                        if i.startswith(("pflrepro.federation", "pflrepro.pipeline", "pflrepro.algorithms"))}, m
+
+
+def test_nothing_outside_core_imports_an_engines_module():
+    """The engines (core/engines/: batched, many, memory, grouped, forked, together) sit behind one entry: the package's
+    other layers import `pflrepro.core.engines` (its __init__'s names), never one engine's module; and the readable
+    core (loop, context, training, aggregation, schedule, clock, seeds) reaches them only through that entry too."""
+    graph = grimp.build_graph("pflrepro", exclude_type_checking_imports=False)
+    inside = {m for m in graph.modules if m.startswith("pflrepro.core.engines.")}
+    assert {"pflrepro.core.engines.batched", "pflrepro.core.engines.many"} <= inside
+    for m in sorted(graph.modules):
+        if m.startswith("pflrepro.core.engines"):
+            continue
+        assert not graph.find_modules_directly_imported_by(m) & inside, m
+    assert "pflrepro.core.engines" in graph.find_modules_directly_imported_by("pflrepro.core.loop")

@@ -1,4 +1,4 @@
-"""The batched engine (`pflrepro.core.batched`) against the per-client reference path.
+"""The batched engine (`pflrepro.core.engines.batched`) against the per-client reference path.
 
 Primitive level: `local_train_many` for C clients equals `training.local_train` called client by
 client on the same starts and seeds (momentum, weight decay, gradient clipping, different dataset
@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from pflrepro.algorithms import ALGORITHMS
-from pflrepro.core import batched, grouped
-from pflrepro.core.batched import MemoryBudgetError, NotBatchable, local_train_many, uses_plans
+from pflrepro.core.engines import batched, grouped
+from pflrepro.core.engines import MemoryBudgetError, NotBatchable, local_train_many, uses_plans
 from pflrepro.core.loop import run_rounds
 from pflrepro.core.training import batchable, local_train
 from pflrepro.federation.build import build_context
@@ -40,8 +40,8 @@ def _one_thread():
 
 @pytest.fixture(params=["vmap", "grouped"], autouse=True)
 def _conv_kernels(request, monkeypatch):
-    """Every test twice: with the batched engine's convolutions as `vmap` runs them (`core.grouped` switched off),
-    and through `core.grouped` (one channels-last kernel for all clients) wherever a model has its layers, one client
+    """Every test twice: with the batched engine's convolutions as `vmap` runs them (`core.engines.grouped` switched off),
+    and through `core.engines.grouped` (one channels-last kernel for all clients) wherever a model has its layers, one client
     included; tests/test_grouped.py checks where the engine uses it on its own."""
     if request.param == "grouped":
         monkeypatch.setattr(grouped, "GROUPED_MIN_ROWS", 0)
@@ -556,7 +556,7 @@ def test_memory_budget_chunks_clients_with_the_same_result(monkeypatch):
 @pytest.mark.parametrize("momentum, weight_decay", [(0.0, 0.0), (0.0, 1e-2), (0.9, 0.0), (0.9, 1e-2)])
 @pytest.mark.parametrize("contiguous", [True, False])      # False: the explicit (non-fused) form
 def test_sgd_update_matches_torch_sgd(momentum, weight_decay, contiguous):
-    from pflrepro.core.batched import sgd_update
+    from pflrepro.core.engines.many import sgd_update
     g0 = torch.Generator().manual_seed(0)
     ps = [torch.randn(4, 3, 5, generator=g0), torch.randn(4, 7, generator=g0)]
     ref = [p.clone().requires_grad_() for p in ps]

@@ -217,7 +217,7 @@ def test_bench_engine_choice_quick(tmp_path):
 def test_bench_grouped_quick(tmp_path):
     """The grouped-kernel benchmark runs in-process: a row per size, positive finite timings, `pays` as the rule
     says, and the grouped gradients within float32 rounding of float64 ones (the speed is the benchmark's to report)."""
-    from pflrepro.core import grouped
+    from pflrepro.core.engines import grouped
     rows = _bench("bench_grouped").main(["--quick", "--repeats", "1", "--out", str(tmp_path)])
     assert [(r["clients"], r["batch"]) for r in rows] == [(4, 10), (20, 16)]
     for r in rows:

@@ -111,3 +111,30 @@ def test_epoch_and_step_settings_have_an_upper_bound(algorithm, key):
         RunConfig.from_dict({"algorithm": algorithm, "hparams": {key: 10**9}})
     with pytest.raises(ConfigError, match=r"local_epochs=5000: must be <= 1000"):
         RunConfig.from_dict({"algorithm": "fedavg", "local_epochs": 5000})
+
+
+@pytest.mark.parametrize("bad, near", [
+    ({"lrr": 0.1}, "'lr'"),
+    ({"algorithm": "pfedds"}, "'pfedsd'"),
+    ({"partition": "dirichelt"}, "'dirichlet'"),
+    ({"model": "cnn_fmnst"}, "'cnn_fmnist'"),
+    ({"dataset": "fmnst"}, "'fmnist'"),
+    ({"split": "randm"}, "'random'"),
+    ({"device": "cdua"}, "'cuda'"),
+    ({"algorithm": "fedprox", "hparams": {"mu_": 0.1}}, "'mu'"),
+    ({"algorithm": "pfedsd", "hparams": {"teachr": "last"}}, "'teacher'"),
+    ({"partition": "dirichlet", "partition_params": {"alpah": 0.1}}, "'alpha'"),
+    ({"schedule": {"mdoe": "sync"}}, "'mode'"),
+])
+def test_a_near_miss_gets_did_you_mean(bad, near):
+    """Every registry (algorithms, datasets, partitioners, splits, models) and every settings schema (the run's,
+    an algorithm's hyperparameters, a partitioner's, the schedule's) names the close match of a typo."""
+    with pytest.raises(ConfigError) as e:
+        RunConfig.from_dict(bad)
+    assert f"(did you mean {near}?)" in str(e.value), str(e.value)
+
+
+def test_no_did_you_mean_when_nothing_is_close():
+    with pytest.raises(ConfigError) as e:
+        RunConfig.from_dict({"algorithm": "zzzzzz"})
+    assert "did you mean" not in str(e.value)

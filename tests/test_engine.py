@@ -117,7 +117,7 @@ def test_per_client_update_is_the_batched_engines_bit_for_bit():
     """Both engines take one pass of torch's fused SGD kernel per update (`training.sgd_kernel`, `batched.sgd_update`):
     the same bits with momentum and weight decay together. (torch's three-pass `foreach` form, which `local_train` used
     before, rounds about one weight in a million differently there: vector tails, values-dependent; not asserted.)"""
-    from pflrepro.core.batched import sgd_update
+    from pflrepro.core.engines.many import sgd_update
     from pflrepro.core.training import sgd_kernel
     g = torch.Generator().manual_seed(1)
     shapes = [(2000, 512), (2000,), (33, 3, 5, 5)]
@@ -266,7 +266,7 @@ def test_head_only_is_refused_where_the_body_is_not_a_fixed_function():
 
 
 def test_batched_head_only_training_equals_the_per_client_path():
-    from pflrepro.core.batched import local_train_many
+    from pflrepro.core.engines import local_train_many
     from pflrepro.data.models import cnn_cifar10
     torch.manual_seed(1)
     net = cnn_cifar10(1, 10, 28)

@@ -52,7 +52,7 @@ def test_the_global_model_scored_once_on_pooled_local_tests_is_identical(monkeyp
     """pFedSD's and DC-PFL's pooled train+test: the global test set is the clients' local tests, so the GM's
     predictions on it give every client's GM score too (FedAvg, pFedSD's clients not trained yet, eval_gm_local);
     the same metrics as scoring each client's test set apart, with no client-by-client scoring for FedAvg."""
-    from pflrepro.data.datasets import FedData
+    from pflrepro.data.fed import FedData
     calls = _count(monkeypatch)
     for algo, extra in {"fedavg": {"eval_gm_local": True}, "pfedsd": {}, "fedper": {}}.items():
         cfg = {**TINY, **POOLED, "algorithm": algo, **extra}

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from pflrepro.params import ConfigError
-from pflrepro.pipeline import experiments
+from pflrepro.pipeline import executors, experiments
 from pflrepro.reporting import tables as report
 from tests.conftest import FMNIST_AVAILABLE
 
@@ -176,3 +176,14 @@ def test_train_notebooks_trains_shared_runs_once_and_lists_them(params_dir, stor
     stamp = {p: p.stat().st_mtime_ns for p in (store / "runs").glob("*/summary.json")}
     assert experiments.train_notebooks(["more"], progress=False)["notebooks"]["more"] == want["more"]
     assert stamp == {p: p.stat().st_mtime_ns for p in (store / "runs").glob("*/summary.json")}  # found, not retrained
+
+
+@pytest.mark.parametrize("call, near", [
+    (lambda: experiments.load_profile("pfedsd_tabel2"), "'pfedsd_table2'"),
+    (lambda: experiments.load_profile("pfedsd_table2", "mni"), "'mini'"),
+    (lambda: executors.resolve("stackd", None, []), "'stacked'"),
+])
+def test_notebook_profile_and_executor_typos_get_did_you_mean(call, near):
+    with pytest.raises(ConfigError) as e:
+        call()
+    assert f"(did you mean {near}?)" in str(e.value), str(e.value)

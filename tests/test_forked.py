@@ -1,4 +1,4 @@
-"""Clients side by side (`pflrepro.core.forked`): the dealing rule by hand, `fork_map` against the plain loop (order,
+"""Clients side by side (`pflrepro.core.engines.forked`): the dealing rule by hand, `fork_map` against the plain loop (order,
 one thread a client, the global RNG left where the loop leaves it, a child's exception raised here), a run at two
 threads (clients forked) against the same run at one thread (no fork): the same bits. And the evaluation's chunk of
 rows (`training.EVAL_ROWS`): the same logits as 2,048 rows at a time."""
@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from pflrepro.core import forked
+from pflrepro.core.engines import forked
 from pflrepro.core.training import EVAL_ROWS, Divergence, outputs
 from pflrepro.data.models import build_model
 from tests.conftest import FMNIST_AVAILABLE, small_cfg

@@ -1,4 +1,4 @@
-"""`core.grouped`: convolution and max-pooling of many clients as one channels-last kernel under `vmap`.
+"""`core.engines.grouped`: convolution and max-pooling of many clients as one channels-last kernel under `vmap`.
 
 Hand-checkable reference: the same per-client gradients `vmap(grad_and_value(loss))` gives through the plain
 layers, for every geometry the two layers take (stride, padding, dilation, groups, no bias, ceil mode), for
@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from pflrepro.core import grouped
-from pflrepro.core.batched import local_train_many, losses_and_grads
+from pflrepro.core.engines import grouped
+from pflrepro.core.engines.many import local_train_many, losses_and_grads
 from pflrepro.data.models import cnn_cifar10
 
 C, B = 3, 5

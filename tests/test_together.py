@@ -1,4 +1,4 @@
-"""Runs trained together (pflrepro.core.together, executor "stacked"): a grid's runs in lockstep with their clients'
+"""Runs trained together (pflrepro.core.engines.together, executor "stacked"): a grid's runs in lockstep with their clients'
 local training stacked into shared calls give each run the result it has alone: bit for bit where the stacked
 arithmetic does not depend on the stack (the MLP), within float rounding where it does (convolutions); each run keeps
 its own store record, and a failing run fails alone."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pflrepro.core import batched, together
+from pflrepro.core.engines import batched, together
 from pflrepro.core.training import Divergence
 from pflrepro.federation.config import RunConfig
 from pflrepro.params import ConfigError
@@ -128,7 +128,7 @@ def test_a_run_that_diverges_fails_alone(tmp_path):
 
 def test_a_divergence_inside_a_merged_call_is_the_diverging_runs_own(tmp_path, monkeypatch):
     """A merged call that raises is retried run by run: only the run whose clients raise fails."""
-    from pflrepro.core import batched
+    from pflrepro.core.engines import batched
     cfgs = [_cfg(model="mlp", seed=s) for s in (0, 1, 2)]
     want = _alone(cfgs, tmp_path / "alone")
     real = batched.train_items

@@ -67,7 +67,7 @@ class Algorithm:
     # ---- client side
     # The client step is plan -> train -> finish. `plan` says what to train (start state, loss term,
     # trainable parameters, the client's tensors the loss needs), as data; the engine trains it, per
-    # client (`Context.train_plan`) or together with other clients (`pflrepro.core.batched`); `finish`
+    # client (`Context.train_plan`) or together with other clients (`pflrepro.core.engines.batched`); `finish`
     # turns the trained state into the message and the new client state. Algorithms that override
     # `client_update` itself keep working, client by client.
     def loss(self, rnd: int, k: int, server: dict, cstate: dict | None):
@@ -95,7 +95,7 @@ class Algorithm:
     @property
     def uses_plans(self) -> bool:
         """True when the client step is plan -> train -> finish (`client_update` not overridden): the batched
-        engine (pflrepro.core.batched) can then train this algorithm's clients together."""
+        engine (pflrepro.core.engines.batched) can then train this algorithm's clients together."""
         return type(self).client_update is Algorithm.client_update
 
     def client_update(self, rnd: int, k: int, server: dict, cstate: dict | None) -> tuple[Update, dict | None]:

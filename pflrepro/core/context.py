@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 from torch import nn
 
-from ..data.datasets import FedData
+from ..data.fed import FedData
+from ..settings import RunSettings
 from .seeds import derive_seed
 from .training import LossFn, TrainStats, ce_loss, local_train
 
-if TYPE_CHECKING:
-    from ..federation.config import RunConfig
 
 @dataclass
 class Plan:
@@ -30,6 +29,11 @@ class Plan:
     lr: float | None = None                         # None: cfg.lr
     steps: int | None = None
     purpose: int = 0                                # seed stream (derive_seed(seed, rnd, k, purpose))
+
+    def settings(self, cfg: "RunSettings") -> tuple[int, float]:
+        """(epochs, lr) this plan trains with: its own where set, else the run's (the one place the rule is written:
+        every engine reads it here)."""
+        return (cfg.local_epochs if self.epochs is None else self.epochs, cfg.lr if self.lr is None else self.lr)
 
 
 
@@ -66,7 +70,7 @@ def train_one(ctx: "Context", k: int, rnd: int, plan: Plan) -> tuple:
 class Context:
     """What an algorithm may use: the config, the data, model construction and the
     training primitive. Holds no training state."""
-    cfg: RunConfig
+    cfg: RunSettings
     data: FedData
     device: torch.device
     make_model: Callable[[int], nn.Module]     # client id (-1 = server/global) -> fresh model
@@ -95,7 +99,7 @@ class Context:
         if a == self.cfg.model:
             return self.init_state
         if a not in self._inits:
-            self._inits[a] = self.fresh_state(k, derive_seed(self.cfg.seed, 0x1A17, zlib.crc32(a.encode())))
+            self._inits[a] = self.fresh_state(k, derive_seed(self.cfg.stream_seed("init"), 0x1A17, zlib.crc32(a.encode())))
         return self._inits[a]
 
     def fresh_state(self, k: int, seed: int) -> dict:
@@ -134,6 +138,7 @@ class Context:
 
     def train_plan(self, net: nn.Module, k: int, rnd: int, plan: Plan) -> TrainStats:
         """The per-client path of a `Plan` (`net` already holds `plan.start`)."""
-        return self.train(net, k, rnd, loss=plan.loss, trainable=plan.trainable, epochs=plan.epochs,
-                          lr=plan.lr, steps=plan.steps, purpose=plan.purpose, aux=plan.aux,
+        epochs, lr = plan.settings(self.cfg)
+        return self.train(net, k, rnd, loss=plan.loss, trainable=plan.trainable, epochs=epochs,
+                          lr=lr, steps=plan.steps, purpose=plan.purpose, aux=plan.aux,
                           per_sample=plan.per_sample)

@@ -14,21 +14,20 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 
+from ..settings import RunSettings
 from .aggregation import state_bytes
-from .batched import batched_round, check_memory, uses_plans
 from .clock import Clock, model_forward_flops
 from .context import Context
+from .engines import check_memory, local_round
 from .schedule import make_schedule
 from .training import accuracy, predict
 
-if TYPE_CHECKING:
-    from ..federation.config import RunConfig
-_ARCHITECTURES = "pflrepro.data.models"   # modules whose forward reads nothing but their state_dict
+_ARCHITECTURES = "pflrepro.data.models."   # the package whose modules' forward reads nothing but their state_dict
 # A fingerprint (sha256 of the weights: about 2 GB/s here) is taken only where it costs under a quarter of the
 # scoring it may save (a forward pass at about 30 GFLOP/s): bytes < forward FLOPs x test images / 60 (measured
 # 2026-11-28 on this 2-core machine: sha256 of 8 MB 4.0 ms; cnn1 scoring 60 images 8.5 ms, the LeNet 2.4 ms)
@@ -63,7 +62,7 @@ def _scorer(ctx: Context):
         return sum(t.numel() * t.element_size() for t in state.values()) < flops[arch] * n * _HASH_BYTES_PER_FLOP
 
     def score(name, net, x, y) -> float:
-        if type(net).__module__ != _ARCHITECTURES:
+        if not type(net).__module__.startswith(_ARCHITECTURES):
             return accuracy(net, x, y)
         state = net.state_dict()
         if not worth_it(name, state, len(y)):
@@ -160,23 +159,6 @@ class LoopResult:
     resumed_from: int
 
 
-def local_round(ctx: Context, algo, rnd: int, selected: list[int], server: dict, clients: dict) -> list:
-    """The selected clients' local updates of one round, in `selected` order; new client states
-    are stored in `clients`. `cfg.engine` picks how: `per_client` calls `algo.client_update` client
-    by client; `auto`/`batched` train the clients of algorithms that describe their client step as
-    a `Plan` (`Algorithm.plan`/`finish`) together (`pflrepro.core.batched`), same primitive, same seeds."""
-    if ctx.cfg.engine != "per_client":
-        if uses_plans(algo):
-            return batched_round(ctx, algo, rnd, selected, server, clients)
-    updates = []
-    for k in selected:
-        up, new_state = algo.client_update(rnd, k, server, clients.get(k))
-        if new_state is not None:
-            clients[k] = new_state
-        updates.append(up)
-    return updates
-
-
 def run_rounds(ctx: Context, algo, *, start: dict | None = None,
                on_checkpoint: Callable[[dict], None] | None = None, progress: bool = True,
                on_round: Callable[[int], None] | None = None) -> LoopResult:
@@ -244,7 +226,7 @@ def make_clock(ctx: Context):
     return Clock(ctx.cfg.clock, ctx.cfg.n_clients, ctx.cfg.seed, flops, state_bytes(ctx.init_state))
 
 
-def _progress(cfg: RunConfig, first: int, enabled: bool):
+def _progress(cfg: RunSettings, first: int, enabled: bool):
     if not enabled:
         return None
     from tqdm.auto import tqdm

@@ -19,16 +19,14 @@ Only the uploaded `params` entries are mixed; integer buffers take the arriving 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..params import Param
+from ..settings import RunSettings
 from .seeds import derive_seed
 
-if TYPE_CHECKING:
-    from ..federation.config import RunConfig
 
 SCHEDULE_SCHEMA: dict[str, Param] = {
     "mode": Param(str, "sync", "'sync' (rounds), 'fedasync' or 'fedbuff' (asynchronous server on the simulated clock)",
@@ -146,7 +144,7 @@ def make_schedule(cfg, n_train: np.ndarray) -> Synchronous:
 # ---- who trains: client sampling
 
 # ---------------------------------------------------------------- the round loop
-def sample_clients(cfg: RunConfig, rnd: int, n_train: np.ndarray) -> list[int]:
+def sample_clients(cfg: RunSettings, rnd: int, n_train: np.ndarray) -> list[int]:
     """The round's clients, among the K - `new_clients` that take part in training (SCD Fig. 3 holds the last
     `new_clients` out: they join after training, pflrepro.papers.newclients)."""
     K = cfg.n_clients - cfg.new_clients

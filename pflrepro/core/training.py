@@ -1,7 +1,7 @@
 """The local-training primitive and evaluation helpers.
 
 Nothing else in the code base loops over batches: `local_train` is the one SGD loop (the batched
-engine, pflrepro.core.batched, trains many clients with the same steps and seeds)."""
+engine, pflrepro.core.engines.batched, trains many clients with the same steps and seeds)."""
 from __future__ import annotations
 
 import contextlib
@@ -31,7 +31,7 @@ def batchable(fn):
     - `aux` is a dict of this client's tensors (the `Plan`'s `aux`, plus the batch's rows of its
       `per_sample` tensors).
     It must reach per-client tensors only through `aux` (never through Python objects it closes
-    over), so that the batched engine (`pflrepro.core.batched`) can run it for many clients at once
+    over), so that the batched engine (`pflrepro.core.engines.batched`) can run it for many clients at once
     under `torch.func.vmap`; closing over plain numbers (lambda, tau) is fine. Unmarked loss
     terms keep the older form `loss(net, x, y)` and train client by client."""
     fn.batchable = True
@@ -222,7 +222,7 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
     the head on them: the same batches, order and optimiser, one forward pass of the body instead of one a step.
     A batchable loss term (`batchable`) is called `loss(ModelView(net), xb, yb, aux_b)` instead,
     with aux_b = `aux` plus the batch's rows of each `per_sample` tensor.
-    `pflrepro.core.batched.local_train_many` is the same primitive for many clients at once.
+    `pflrepro.core.engines.many.local_train_many` is the same primitive for many clients at once.
     """
     head = head_only(net, trainable, loss, per_sample)
     if head is not None and len(y):

@@ -7,7 +7,8 @@ import torch
 
 from ..core.context import Context
 from ..core.seeds import derive_seed
-from ..data.datasets import SPECS, FedData, load_dataset, normalise
+from ..data.datasets import SPECS, load_dataset
+from ..data.fed import FedData, normalise
 from ..data.models import assign_models, build_model
 from ..data.partition import PARTITIONERS, SPLITS
 from ..params import ConfigError
@@ -44,7 +45,7 @@ def build_partition(cfg: RunConfig) -> dict:
     y_pool = y_pool.numpy()
     pool_idx = np.arange(len(y_pool))
     if cfg.subsample < 1.0:
-        pool_idx = _stratified_subsample(y_pool, cfg.subsample, derive_seed(cfg.seed, 0x5B5))
+        pool_idx = _stratified_subsample(y_pool, cfg.subsample, derive_seed(cfg.stream_seed("partition"), 0x5B5))
     labels = y_pool[pool_idx]
     if cfg.n_clients > len(labels):  # one check for every partitioner, before any of them works on it
         raise ConfigError(f"n_clients={cfg.n_clients}: more clients than the {len(labels)} samples the run partitions "
@@ -55,7 +56,7 @@ def build_partition(cfg: RunConfig) -> dict:
         doms = raw.domains(cfg.pool)
         extra["domains"] = None if doms is None else doms.numpy()[pool_idx]
     try:
-        parts = partitioner(labels, cfg.n_clients, seed=cfg.seed, **cfg.partition_params, **extra)
+        parts = partitioner(labels, cfg.n_clients, seed=cfg.stream_seed("partition"), **cfg.partition_params, **extra)
     except ConfigError:
         raise
     except ValueError as e:   # a partition the settings cannot produce: one line, before any work (issue 33)
@@ -67,7 +68,7 @@ def build_partition(cfg: RunConfig) -> dict:
     if getattr(SPLITS[cfg.split], "uses_domains", False):   # each client's tests: its domain's test half
         kw["test_domains"] = None if raw.d_test is None else raw.d_test.numpy()
     try:
-        split = SPLITS[cfg.split](y_pool, parts, seed=cfg.seed, **kw)
+        split = SPLITS[cfg.split](y_pool, parts, seed=cfg.stream_seed("split"), **kw)
     except ValueError as e:   # a split the settings cannot make: one line, before any work (issue 33)
         raise ConfigError(f"split={cfg.split}: {e}") from None
     empty = [k for k, tr in enumerate(split["train"]) if len(tr) == 0]
@@ -140,7 +141,7 @@ def _tests_from_test_half(cfg: RunConfig) -> bool:
 
 def _gm_test_keep(cfg: RunConfig, raw) -> np.ndarray:
     """The official test set's indices a subsampled `pool='train'` run scores its GM on."""
-    return _stratified_subsample(raw.y_test.numpy(), cfg.subsample, derive_seed(cfg.seed, 0x5B6))
+    return _stratified_subsample(raw.y_test.numpy(), cfg.subsample, derive_seed(cfg.stream_seed("split"), 0x5B6))
 
 
 def _used_indices(cfg: RunConfig, split: dict, half: str) -> np.ndarray:
@@ -175,7 +176,7 @@ def public_indices(cfg: RunConfig, split: dict | None = None) -> np.ndarray:
         raise ConfigError(f"public.size={pub['size']}: only {len(free)} samples of {name}/{pub['split']} are left "
                          f"after the run's clients and test sets take theirs; lower public.size or subsample, or "
                          f"draw from another split or dataset (public.split / public.dataset)")
-    rng = np.random.default_rng(derive_seed(cfg.seed, 0x9B1))
+    rng = np.random.default_rng(derive_seed(cfg.stream_seed("partition"), 0x9B1))
     return np.sort(rng.choice(free, size=pub["size"], replace=False))
 
 
@@ -184,7 +185,7 @@ def client_archs(cfg: RunConfig, sizes) -> tuple:
     every client has `model`."""
     if not cfg.models:
         return ()
-    return tuple(assign_models(cfg.models, sizes, cfg.model_assign, arch_params(cfg), derive_seed(cfg.seed, 0xA55)))
+    return tuple(assign_models(cfg.models, sizes, cfg.model_assign, arch_params(cfg), derive_seed(cfg.stream_seed("partition"), 0xA55)))
 
 
 def arch_params(cfg: RunConfig) -> dict:
@@ -207,6 +208,6 @@ def build_context(cfg: RunConfig, device: torch.device, split: dict | None = Non
     def make_model(k: int):
         return build_model(archs[k] if (archs and k >= 0) else cfg.model, spec.channels, spec.num_classes, spec.size)
 
-    torch.manual_seed(derive_seed(cfg.seed, 0x1A17))
+    torch.manual_seed(derive_seed(cfg.stream_seed("init"), 0x1A17))
     init = {n: t.detach().clone() for n, t in make_model(-1).to(device).state_dict().items()}
     return Context(cfg, data, device, make_model, init, archs=archs)

@@ -1,4 +1,5 @@
-"""Run configuration: one flat, plain-data description of an experiment, validated up front.
+"""Run configuration validated up front: `RunConfig` is `pflrepro.settings.RunSettings` (the fields, declared once by
+RUN_SCHEMA) with the checks that need the registries.
 
 Every field is a plain value (str/int/float/bool/dict of those) so papermill, DVC and
 YAML can set it. `RunConfig.from_dict` rejects unknown keys, wrong types and
@@ -6,116 +7,21 @@ out-of-range values before any work, with one message naming key, value and what
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import math
-from dataclasses import dataclass, field
 
 from .. import algorithms
 from ..core import clock, schedule
 from ..data import datasets as data
 from ..data import models, partition
-from ..params import MAX_EPOCHS, ConfigError, Param, check_params
+from ..params import ConfigError, check_params, did_you_mean
+from ..settings import PUBLIC_SCHEMA, RUN_SCHEMA, SEED_STREAMS, RunSettings
 
-PUBLIC_SCHEMA: dict[str, Param] = {
-    "dataset": Param(str, "", "dataset the unlabeled public set is drawn from ('' = the run's own dataset)"),
-    "split": Param(str, "train", "which half of it: 'train' or 'test'", choices=("train", "test")),
-    "size": Param(int, 0, "number of public samples |P| (0 = no public set); drawn uniformly without replacement, "
-                  "never from samples the run's clients or test sets use", low=0),
-}
-
-# Top-level run settings. Algorithm, partition and split settings live in nested dicts
-# validated against the schema each algorithm/partitioner declares.
-RUN_SCHEMA: dict[str, Param] = {
-    "algorithm": Param(str, "fedavg", "algorithm name (see pflrepro.algorithms.ALGORITHMS)"),
-    "hparams": Param(dict, {}, "algorithm-specific hyperparameters"),
-    "dataset": Param(str, "fmnist", "dataset name (see pflrepro.data.datasets.DATASETS)"),
-    "pool": Param(str, "train", "what gets partitioned: 'train' (test set stays global) or "
-                  "'train+test' (pFedSD: union, then per-client splits)", choices=("train", "train+test")),
-    "subsample": Param(float, 1.0, "fraction of the pool used (stratified, deterministic); <1 for quick runs",
-                       low=0.0, high=1.0, low_open=True),
-    "partition": Param(str, "iid", "partitioner name (see pflrepro.data.partition.PARTITIONERS)"),
-    "partition_params": Param(dict, {}, "partitioner keyword arguments"),
-    "split": Param(str, "random", "per-client split rule (see pflrepro.data.partition.SPLITS)"),
-    "split_params": Param(dict, {}, "split keyword arguments"),
-    "n_clients": Param(int, 20, "number of clients K", low=1),
-    "new_clients": Param(int, 0, "the last N clients never train; they join after the last round (SCD Fig. 3: "
-                         "80 training + 20 new clients, pflrepro.papers.newclients)", low=0),
-    "participation": Param(float, 1.0, "fraction of clients per round", low=0.0, high=1.0, low_open=True),
-    "sampling": Param(str, "uniform", "client sampling: 'uniform' or 'data_share' (PerFed-CKT: by p_k)",
-                      choices=("uniform", "data_share")),
-    "model": Param(str, "cnn_fmnist", "model name (see pflrepro.data.models.MODELS)"),
-    "models": Param(tuple, (), "heterogeneous models, assigned to clients by `model_assign`; empty = all `model`"),
-    "model_assign": Param(str, "cycle", "how clients get `models` (see pflrepro.data.models.ASSIGNERS): 'cycle' (client k "
-                          "gets models[k % len(models)]) or 'size' (a larger dataset draws a larger model: PerFed-CKT "
-                          "Table 2)"),
-    "rounds": Param(int, 10, "communication rounds T", low=1),
-    "local_epochs": Param(int, 1, "local epochs E", low=0, high=MAX_EPOCHS),
-    "batch_size": Param(int, 64, "local batch size B", low=1),
-    "lr": Param(float, 0.01, "client learning rate", low=0.0, low_open=True),
-    "momentum": Param(float, 0.0, "SGD momentum", low=0.0, high=1.0),
-    "weight_decay": Param(float, 0.0, "SGD weight decay", low=0.0),
-    "bias_decay": Param(bool, True, "weight decay on biases too; false exempts every parameter whose name contains "
-                        "'bias' (FedRep's code, whose setup FedBSD's experiments follow)"),
-    "grad_clip": Param(float, 0.0, "max gradient norm (0 = off)", low=0.0),
-    "eval_gm_local": Param(bool, False, "also score the global model on every client's local test set (metric "
-                           "gm_local_acc_mean: PerFed-CKT's 'Ditto (GM)', 'Per-FedAvg (GM)')"),
-    "eval_every": Param(int, 1, "evaluate every N rounds (the last round is always evaluated)", low=1),
-    "checkpoint_every": Param(int, 5, "checkpoint every N rounds", low=1),
-    "seed": Param(int, 0, "seed for partition, init, sampling and data order", low=0),
-    "device": Param(str, "cpu", "'cpu', 'cuda' or 'auto'", choices=("cpu", "cuda", "auto")),
-    "engine": Param(str, "auto", "local training: 'batched' trains the selected clients together (pflrepro.core.batched; "
-                    "algorithms whose client step is a Plan), 'per_client' one after another (the reference), "
-                    "'auto' batched wherever it applies (on a CPU, models with grouped convolutions train per client: "
-                    "faster there)", choices=("auto", "batched", "per_client")),
-    "public": Param(dict, {}, "unlabeled public set for distillation methods (PerFed-CKT, FedDF): dataset, split, "
-                    "size (see pflrepro.federation.config.PUBLIC_SCHEMA)"),
-    "clock": Param(dict, {}, "simulated clock: protocol, client compute rate and bandwidths (see pflrepro.core.clock)"),
-    "schedule": Param(dict, {}, "server schedule: synchronous rounds, or FedAsync / FedBuff (see pflrepro.core.schedule)"),
-    "memory_budget_mb": Param(float, 4096.0, "batched engine: memory for one chunk of clients trained together "
-                              "(estimated: stacked weights, gradients, momentum, activations); clients are chunked "
-                              "to fit, and a run where one client cannot fit stops before round 1 ('auto': falls "
-                              "back to per-client)", low=0.0, low_open=True),
-}
+__all__ = ["RunConfig", "RUN_SCHEMA", "PUBLIC_SCHEMA", "SEED_STREAMS"]
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    algorithm: str = "fedavg"
-    hparams: dict = field(default_factory=dict)
-    dataset: str = "fmnist"
-    pool: str = "train"
-    subsample: float = 1.0
-    partition: str = "iid"
-    partition_params: dict = field(default_factory=dict)
-    split: str = "random"
-    split_params: dict = field(default_factory=dict)
-    n_clients: int = 20
-    new_clients: int = 0
-    participation: float = 1.0
-    sampling: str = "uniform"
-    model: str = "cnn_fmnist"
-    models: tuple = ()
-    model_assign: str = "cycle"
-    rounds: int = 10
-    local_epochs: int = 1
-    batch_size: int = 64
-    lr: float = 0.01
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    bias_decay: bool = True
-    grad_clip: float = 0.0
-    eval_every: int = 1
-    eval_gm_local: bool = False
-    checkpoint_every: int = 5
-    seed: int = 0
-    device: str = "cpu"
-    engine: str = "auto"
-    memory_budget_mb: float = 4096.0
-    public: dict = field(default_factory=dict)
-    clock: dict = field(default_factory=dict)
-    schedule: dict = field(default_factory=dict)
+class RunConfig(RunSettings):
+    """Run settings validated against the registries (`from_dict`): the only way configs are built."""
+    __slots__ = ()
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunConfig":
@@ -137,6 +43,7 @@ class RunConfig:
         top["public"] = _check_public(top, data.SPECS, algorithms.ALGORITHMS[top["algorithm"]])
         top["clock"] = check_params("clock", top["clock"], clock.CLOCK_SCHEMA)
         top["schedule"] = check_params("schedule", top["schedule"], schedule.SCHEDULE_SCHEMA)
+        top["seeds"] = {k: v for k, v in check_params("seeds", top["seeds"], SEED_STREAMS).items() if v is not None}
         _check_train_choices(top["split_params"])
         fr = top["split_params"].get("fractions")
         if fr is not None and not all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f)
@@ -167,29 +74,8 @@ class RunConfig:
             raise ConfigError(f"split={top['split']!r} takes local tests from the global test set: it needs pool='train'")
         return cfg
 
-    @property
-    def heterogeneous(self) -> bool:
-        """Clients of different architectures: no whole model can be averaged (the one place this is decided)."""
-        return len(set(self.models)) > 1
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["models"] = list(self.models)
-        return d
-
-    def key(self) -> str:
-        """Content address: sha256 of the canonical JSON of the full validated config."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=_jsonable)
-        return hashlib.sha256(blob.encode()).hexdigest()
-
     def replace(self, **kw) -> "RunConfig":
         return RunConfig.from_dict({**self.to_dict(), **kw})
-
-
-def _jsonable(o):
-    if isinstance(o, tuple):
-        return list(o)
-    raise TypeError(type(o))
 
 
 def _check_public(top: dict, specs: dict, algo_cls) -> dict:
@@ -224,4 +110,5 @@ def _check_train_choices(sp: dict) -> None:
 
 def _choice(key, value, registry):
     if value not in registry:
-        raise ConfigError(f"{key}={value!r}: unknown; allowed: {', '.join(sorted(registry))}")
+        raise ConfigError(f"{key}={value!r}: unknown{did_you_mean(value, registry)}; allowed: "
+                          + ", ".join(sorted(registry)))

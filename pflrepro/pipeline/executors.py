@@ -8,7 +8,7 @@ a call, up to float rounding otherwise, as chunking by memory_budget_mb; tests/t
 
     "local"                 runs side by side on this machine, `jobs` at once (pflrepro.pipeline.parallel; the default)
     "stacked[:runs=N]"      one process, runs in lockstep with their clients' local training stacked into shared
-                            calls (pflrepro.core.together: seeds of one setting as one program on one GPU), at most N
+                            calls (pflrepro.core.engines.together: seeds of one setting as one program on one GPU), at most N
                             runs a batch and as many as fit in memory
     "ray"                   a Ray cluster: the one at $RAY_ADDRESS if set, else a local Ray instance for the grid
     "ray:ADDRESS"           the cluster at ADDRESS ("auto", "10.0.0.5:6379")
@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 from ..federation.config import RunConfig
-from ..params import ConfigError
+from ..params import ConfigError, did_you_mean
 from .locks import lock, unlock
 
 SRC = str(Path(__file__).resolve().parents[2])
@@ -126,7 +126,7 @@ class LocalExecutor:
 
 class StackedExecutor:
     """One process trains the grid's runs in lockstep, their clients' local training stacked into shared calls
-    (pflrepro.core.together): seeds of one method and setting train as one program on one device. Each run keeps its
+    (pflrepro.core.engines.together): seeds of one method and setting train as one program on one device. Each run keeps its
     own store record, checkpoints, RNG streams and metrics (equal to alone up to float rounding: together.py), and
     its address does not depend on its companions. Runs are batched by what they share (`together.config_signature`:
     seeds and data settings may differ), at most `runs` a batch, and as many as fit in memory (`plan_batches`)."""
@@ -140,7 +140,7 @@ class StackedExecutor:
         return f"stacked, up to {self.runs or 'all'} runs a batch"
 
     def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False, keep_going: bool = True) -> None:
-        from ..core.together import Stacker
+        from ..core.engines import Stacker
         from .parallel import GridFailed
         from .store import run
         check_datasets(configs)
@@ -202,7 +202,7 @@ def plan_batches(configs: list[RunConfig], runs: int | None = None, cap: float |
     """The grid cut into batches trained together: runs that can share calls (equal config but for seeds and data:
     together.SEED_AND_DATA) side by side, in their order, each batch at most `runs` runs and `cap` bytes (by `size`);
     a run larger than the cap alone. A grid larger than memory is split, never run out of memory."""
-    from ..core.together import config_signature
+    from ..core.engines import config_signature
     cap = memory_cap(configs) if cap is None and configs else cap
     sigs = [config_signature(c) for c in configs]
     first = {}
@@ -496,6 +496,8 @@ def resolve(executor, jobs, configs: list[RunConfig]):
             print(f"executor {executor!r}: jobs={jobs!r} is ignored (the cluster's free CPUs and GPUs set how many "
                   "runs train at once)", file=sys.stderr)
         return parse(executor)
-    raise ConfigError(f"executor={executor!r}: expected 'local', 'stacked[:runs=N]', 'ray' or "
+    head = executor.split(":")[0].strip() if isinstance(executor, str) else executor
+    raise ConfigError(f"executor={executor!r}{did_you_mean(head, ('local', 'stacked', 'ray'))}: expected 'local', "
+                      "'stacked[:runs=N]', 'ray' or "
                       "'ray:ADDRESS[,cpus=N,gpus=F,shared]'")
 

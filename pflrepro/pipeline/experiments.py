@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from ..federation.config import RunConfig
-from ..params import ConfigError
+from ..params import ConfigError, did_you_mean
 from ..paths import REPO_ROOT, results_root
 from .store import METRICS, OPTIONAL_METRICS, RunResult, is_finished, run, run_dir
 
@@ -53,9 +53,7 @@ FILE_KEYS = ("profile", "profiles", "inherit", "source", "paper_table", "paper_c
 
 
 def _unknown(what: str, key: str, allowed) -> ConfigError:
-    import difflib
-    near = difflib.get_close_matches(key, allowed, n=1)
-    return ConfigError(f"{what}: unknown key{f' (did you mean {near[0]!r}?)' if near else ''}; allowed: "
+    return ConfigError(f"{what}: unknown key{did_you_mean(key, allowed)}; allowed: "
                        + ", ".join(allowed))
 _WHOLE = ("seeds", "settings", "methods")  # replaced, not merged, by an inheriting file
 
@@ -64,7 +62,8 @@ def read_params(name: str, _seen: tuple = ()) -> dict:
     """params/<name>.yaml with `inherit:` / `source:` resolved into full profiles."""
     path = REPO_ROOT / "params" / f"{name}.yaml"
     if not path.exists():
-        raise ConfigError(f"params/{name}.yaml does not exist")
+        known = sorted(f.stem for f in (REPO_ROOT / "params").glob("*.yaml"))
+        raise ConfigError(f"params/{name}.yaml does not exist{did_you_mean(name, known)}")
     if name in _seen:
         raise ConfigError(f"params/{name}.yaml: inherit/source cycle {' -> '.join(_seen + (name,))}")
     doc = yaml.safe_load(path.read_text()) or {}
@@ -91,7 +90,8 @@ def load_profile(name: str, profile: str | None = None, overrides: dict | None =
     doc = read_params(name)
     profile = profile or doc.get("profile", "mini")
     if profile not in doc.get("profiles", {}):
-        raise ConfigError(f"profile={profile!r}: params/{name}.yaml defines {', '.join(doc.get('profiles', {}))}")
+        raise ConfigError(f"profile={profile!r}{did_you_mean(profile, doc.get('profiles', {}))}: params/{name}.yaml "
+                          f"defines {', '.join(doc.get('profiles', {}))}")
     p = merge(doc["profiles"][profile], overrides)
     unknown = set(p) - set(PROFILE_KEYS)
     for k, v in doc.items():  # file-level keys (paper_table, metric, ...) apply to every profile

@@ -10,7 +10,7 @@ device) and before round 1, calls `fit`:
 - f < 1 caps this process's CUDA allocator at f (torch.cuda.set_per_process_memory_fraction): a run that outgrows its
   share then fails with CUDA's out-of-memory error instead of starving the runs beside it on the GPU;
 - the run must fit in f x the GPU's memory: what is already allocated (the clients' data and the models), plus one
-  client's training (pflrepro.core.batched.client_bytes on the algorithm's plan for client 0; weights, gradients,
+  client's training (pflrepro.core.engines.memory.client_bytes on the algorithm's plan for client 0; weights, gradients,
   momentum and activations at `batch_size`), plus every client's state as if each kept one model on the GPU (an upper
   bound: many algorithms keep none, or only a head). A run that does not is refused with a ConfigError giving the
   numbers, and store.run leaves nothing in the store for it.
@@ -101,7 +101,7 @@ def need(ctx, algo, start: dict | None = None) -> dict:
     checkpoint's tensors), `training` (one client, client 0), `states` (n_clients x one model's state, an upper
     bound) and `total`. Measured on a fresh module under torch.random.fork_rng: the run's random streams and its
     cached modules are untouched, so its results do not change."""
-    from ..core.batched import client_bytes, uses_plans
+    from ..core.engines import client_bytes, uses_plans
     from ..core.context import Plan
     dev = ctx.device
     data = max(0, torch.cuda.memory_allocated(dev) - _tensor_bytes(start, cuda_only=True))

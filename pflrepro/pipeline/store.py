@@ -48,8 +48,8 @@ import numpy as np
 import torch
 
 from ..algorithms import ALGORITHMS
-from ..core import forked, together
-from ..core.batched import MemoryBudgetError, NotBatchable
+from ..core import engines
+from ..core.engines import MemoryBudgetError, NotBatchable
 from ..core.context import Context
 from ..core.loop import run_rounds
 from ..federation.build import build_context, build_partition
@@ -83,7 +83,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 # (datasets, partitions, models), the engine and the federation builder, whole; of algorithms/, the files the
 # run's algorithm executes. pipeline/ (this store, executors, progress), reporting/, papers/ and the CLI are not
 # in a run's address: they run configs and read results, and never change them.
-RESULT_CODE = ("params.py", "data", "core", "federation")
+RESULT_CODE = ("params.py", "settings.py", "data", "core", "federation")
 
 
 def _algorithm_files(algorithm: str | None) -> list[Path]:
@@ -476,7 +476,7 @@ def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult
     # a setting the data refuses (more clients than samples), or a GPU share ($PFLREPRO_GPU_FRACTION) the run cannot
     # fit in (gpu.fit, before round 1), is refused here: leave no folder behind
     try:
-        forked.env_cap()          # a malformed $PFLREPRO_CLIENT_PROCS: refused in one line, before any work
+        engines.env_cap()          # a malformed $PFLREPRO_CLIENT_PROCS: refused in one line, before any work
         start, ctx, algo = _prepare(cfg, path, force)
         gpu.fit(ctx, algo, start)
     except BaseException:
@@ -663,13 +663,13 @@ def provenance(cfg: RunConfig, ctx: Context, wall: float, res, git: dict) -> dic
     return {
         "config_sha256": cfg.key(), "code_sha256": code_fingerprint(cfg.algorithm), "seed": cfg.seed, "dataset": cfg.dataset, "dataset_source": ctx.data.source,
         "device": str(ctx.device), "torch_threads": torch.get_num_threads(),
-        # a round's client-by-client training: at most this many forked processes of one thread (core/forked.py)
-        "client_procs": forked.client_procs(ctx.device, sys.maxsize),
+        # a round's client-by-client training: at most this many forked processes of one thread (core/engines/forked.py)
+        "client_procs": engines.client_procs(ctx.device, sys.maxsize),
         "git": git, "pflrepro": __version__, "python": platform.python_version(),
         "torch": torch.__version__, "numpy": numpy.__version__, "platform": platform.platform(),
         "wall_seconds": wall, "resumed_from_round": res.resumed_from,
-        # runs whose clients shared its local training calls (executor "stacked", core/together.py; 1: alone)
-        "trained_with_runs": together.current().runs if together.current() is not None else 1,
+        # runs whose clients shared its local training calls (executor "stacked", core/engines/together.py; 1: alone)
+        "trained_with_runs": stacker.runs if (stacker := engines.current()) is not None else 1,
         # of which evaluation (every `eval_every` rounds: GM on the global test set, every PM on its local test)
         "eval_seconds": sum(r.get("eval_seconds", 0.0) for r in res.history),
         "bytes_up": res.bytes_up, "bytes_down": res.bytes_down,

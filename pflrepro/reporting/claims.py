@@ -92,6 +92,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from ..params import did_you_mean
 from . import verdicts
 from .verdicts import Region, Sample
 
@@ -144,7 +145,8 @@ def load(path: Path | str) -> dict:
         raise ClaimsError(f"{where}: needs top-level 'paper' and a list 'claims'")
     unknown = sorted(set(doc) - TOP)
     if unknown:
-        raise ClaimsError(f"{where}: unknown top-level key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(TOP))})")
+        raise ClaimsError(f"{where}: unknown top-level key(s) {', '.join(unknown)}{did_you_mean(unknown[0], TOP)} "
+                          f"(allowed: {', '.join(sorted(TOP))})")
     if not isinstance(doc.get("min_gap", 1.0), (int, float)):
         raise ClaimsError(f"{where}: min_gap must be a number")
     notes = doc.get("scale_notes", {})   # profile -> why claims cannot show at that scale (the report prints it)
@@ -166,14 +168,15 @@ def load(path: Path | str) -> dict:
 def _validate(c: dict, name: str) -> None:
     form = c.get("form")
     if form not in FORMS:
-        raise ClaimsError(f"{name}: unknown form {form!r} (forms: {', '.join(FORMS)})")
+        raise ClaimsError(f"{name}: unknown form {form!r}{did_you_mean(form, FORMS)} (forms: {', '.join(FORMS)})")
     required, optional = FORMS[form]
     missing = sorted(({"quote", "where"} | required) - set(c))
     if missing:
         raise ClaimsError(f"{name}: form {form!r} needs {', '.join(missing)}")
     unknown = sorted(set(c) - COMMON - required - optional)
     if unknown:
-        raise ClaimsError(f"{name}: unknown field(s) {', '.join(unknown)} for form {form!r}")
+        raise ClaimsError(f"{name}: unknown field(s) {', '.join(unknown)}{did_you_mean(unknown[0], COMMON | required | optional)} "
+                          f"for form {form!r}")
     if not isinstance(c["quote"], str) or len(c["quote"].split()) < 3:
         raise ClaimsError(f"{name}: 'quote' must be the sentence quoted from the paper")
     w = c["where"]
@@ -181,7 +184,7 @@ def _validate(c: dict, name: str) -> None:
         raise ClaimsError(f"{name}: 'where' must be {{stage: <stage name>, table: <csv stem>}}")
     for key, allowed in CHOICES.items():
         if key in c and c[key] not in allowed:
-            raise ClaimsError(f"{name}: {key}={c[key]!r}, allowed: {', '.join(allowed)}")
+            raise ClaimsError(f"{name}: {key}={c[key]!r}{did_you_mean(c[key], allowed)}, allowed: {', '.join(allowed)}")
     for key in ("min_gap", "by", "at_least", "at_most", "target", "tolerance"):
         if key in c and not isinstance(c[key], (int, float)):
             raise ClaimsError(f"{name}: {key} must be a number, got {c[key]!r}")
@@ -205,7 +208,8 @@ def _validate(c: dict, name: str) -> None:
         need = {"value": set(), "diff": {"a", "b", "target"}, "ratio": {"a", "b", "target"},
                 "margin": {"a", "target"}}.get(q)
         if need is None:
-            raise ClaimsError(f"{name}: quantity={q!r}, allowed: {', '.join(CHOICES['quantity'])}")
+            raise ClaimsError(f"{name}: quantity={q!r}{did_you_mean(q, CHOICES['quantity'])}, allowed: "
+                              f"{', '.join(CHOICES['quantity'])}")
         if need - set(c):
             raise ClaimsError(f"{name}: near with quantity {q!r} needs {', '.join(sorted(need - set(c)))}")
     if form == "trend" and c["direction"] == "peak" and c.get("steps") == "ends":

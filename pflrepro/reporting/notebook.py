@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..params import did_you_mean
 from ..paths import REPO_ROOT
 from ..pipeline import experiments
 from . import tables as report
@@ -47,10 +48,8 @@ def check_injected_parameters(history: list[str] | None = None) -> None:
     injected = set().union(*(_assigned(src) for head, src in first if head == "# Parameters"))
     unknown = sorted(injected - declared)
     if declared and unknown:
-        import difflib
-        near = difflib.get_close_matches(unknown[0], sorted(declared), n=1)
         raise experiments.ConfigError(f"papermill parameter {unknown[0]!r}: the notebook declares no such parameter"
-                                      f"{f' (did you mean {near[0]!r}?)' if near else ''}; declared: "
+                                      f"{did_you_mean(unknown[0], declared)}; declared: "
                                       + ", ".join(sorted(declared)))
 
 

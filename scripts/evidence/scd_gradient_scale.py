@@ -58,7 +58,7 @@ from pflrepro.algorithms.spectral import divergence, normalise, spectral_names, 
 from pflrepro.core.seeds import derive_seed
 from pflrepro.core.training import ModelView, ce_loss, local_train
 from pflrepro.data.datasets import load_dataset
-from pflrepro.data.datasets import normalise as normalise_images
+from pflrepro.data.fed import normalise as normalise_images
 from pflrepro.data.models import build_model
 from pflrepro.federation.build import build_partition
 from pflrepro.federation.build import raw_dataset as cached_dataset

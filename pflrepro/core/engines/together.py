@@ -36,7 +36,7 @@ from typing import Callable
 __all__ = ["Request", "Stacker", "current", "config_signature", "SEED_AND_DATA"]
 
 # config fields that may differ between runs whose clients share one stacked call: they choose data, not arithmetic
-SEED_AND_DATA = ("seed", "subsample", "partition_params", "split_params", "n_clients", "participation", "rounds",
+SEED_AND_DATA = ("seed", "seeds", "subsample", "partition_params", "split_params", "n_clients", "participation", "rounds",
                  "eval_every", "checkpoint_every", "engine", "memory_budget_mb", "eval_gm_local")
 
 _local = threading.local()

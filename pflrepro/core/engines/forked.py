@@ -30,7 +30,7 @@ import warnings
 
 import torch
 
-from ..params import ConfigError
+from ...params import ConfigError
 
 ENV = "PFLREPRO_CLIENT_PROCS"
 
