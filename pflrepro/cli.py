@@ -1,4 +1,4 @@
-"""Command line: `python -m pflrepro {run,list,data,partition,claims,report,train,render,cost,tune,prune}` (also
+"""Command line: `python -m pflrepro {run,list,data,partition,claims,report,train,render,cost,tune,prune,explain}` (also
 the `pflrepro` script). `python -m pflrepro VERB -h` describes each.
 
     python -m pflrepro run algorithm=fedprox hparams.mu=0.01 dataset=fmnist rounds=20
@@ -76,6 +76,24 @@ def _add_run(sub) -> None:
     r.add_argument("--quiet", action="store_true", help="no progress bar")
     r.add_argument("--yes", action="store_true", help="run even if the estimated cost is absurd (over 30 days)")
     r.add_argument("overrides", nargs="*", help="key=value settings")
+
+
+def _add_explain(sub) -> None:
+    e = sub.add_parser("explain", help="every setting of one run of a notebook, and the params file and layer it "
+                       "comes from (as git config --show-origin)")
+    e.add_argument("name", help="notebook (params/<name>.yaml)")
+    e.add_argument("method", nargs="?", help="default: the profile's first method")
+    e.add_argument("setting", nargs="?", help="default: the profile's first setting")
+    e.add_argument("--profile", help="default: the params file's own")
+    e.add_argument("overrides", nargs="*", default=[], metavar="key=value", help="command-line settings, as `run`")
+
+
+def _explain(a) -> int:
+    from .pipeline import explain
+    pairs = [x for x in (a.method, a.setting) if x and "=" in x]      # key=value where a method or setting stands
+    method, setting = [x if x and "=" not in x else None for x in (a.method, a.setting)]
+    print(explain.text(a.name, method, setting, a.profile, parse_overrides(pairs + a.overrides) or None))
+    return 0
 
 
 def _add_list(sub) -> None:
@@ -387,7 +405,7 @@ def _train(a) -> int:
 VERBS = {"run": (_add_run, _run), "list": (_add_list, _list), "data": (_add_data, _data),
          "partition": (_add_partition, _partition), "claims": (_add_claims, _claims), "report": (_add_report, _report),
          "train": (_add_train, _train), "cost": (_add_cost, _cost), "tune": (_add_tune, _tune),
-         "prune": (_add_prune, _prune), "render": (_add_render, _render)}
+         "prune": (_add_prune, _prune), "render": (_add_render, _render), "explain": (_add_explain, _explain)}
 
 
 def main(argv=None) -> int:

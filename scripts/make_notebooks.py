@@ -113,13 +113,52 @@ def _paper(name: str) -> str | None:
     return p if p in PAPERS else None
 
 
+# What a stage's command reads of the package (issue 55: every stage depended on all of `pflrepro`, so one paper's
+# plugin change marked every paper's stages changed). The driver every stage runs (`python -m pflrepro ...`, the grids,
+# the store); what decides a run's numbers (pipeline.store.RESULT_CODE: the layers whole, of algorithms/ the files the
+# runs execute); what a render reads (the reporting layer, its paper's plugin and what that imports).
+DRIVER = ["pflrepro/__init__.py", "pflrepro/__main__.py", "pflrepro/cli.py", "pflrepro/paths.py", "pflrepro/version.py",
+          "pflrepro/pipeline"]
+RUN_LAYERS = ["pflrepro/params.py", "pflrepro/settings.py", "pflrepro/data", "pflrepro/core", "pflrepro/federation",
+              "pflrepro/algorithms/__init__.py"]
+
+
+def algorithm_files(names: list[str]) -> list[str]:
+    """The algorithm files the runs of `names` execute, in any profile (pipeline.store.result_code of each method's
+    algorithm): a change to another algorithm leaves these notebooks' stages clean."""
+    from pflrepro.pipeline import experiments
+    from pflrepro.pipeline.store import PACKAGE, result_code
+    algos = set()
+    for n in names:
+        for prof in read_params(n).get("profiles", {}):
+            p = experiments.load_profile(n, prof)
+            algos |= {(over or {}).get("algorithm", m) for m, over in (p.get("methods") or {}).items()}
+    files = {f for a in algos for f in result_code(a) if f.parent.name == "algorithms"}
+    return sorted(f"pflrepro/{f.relative_to(PACKAGE).as_posix()}" for f in files)
+
+
+def plugin_files(names: list[str]) -> list[str]:
+    """The pflrepro.papers modules the notebooks import, with the papers modules those import (SCD's new clients,
+    PerFed-CKT's toy), and the reporting layer they render with."""
+    found = {m for n in names for m in re.findall(r"pflrepro\.papers(?: import |\.)(\w+)", "\n".join(_code(_notebook(n))))}
+    todo, seen = sorted(found), set()
+    while todo:
+        m = todo.pop()
+        if m in seen or not (ROOT / "pflrepro" / "papers" / f"{m}.py").exists():
+            continue
+        seen.add(m)
+        todo += re.findall(r"^from \.(\w+) import", (ROOT / "pflrepro" / "papers" / f"{m}.py").read_text(), re.M)
+    return ["pflrepro/reporting", "pflrepro/papers/__init__.py", *sorted(f"pflrepro/papers/{m}.py" for m in seen)]
+
+
 def train_stage(paper: str, names: list[str]) -> dict:
     """All of a paper's runs in one queue (pflrepro.pipeline.experiments.train_notebooks): two runs stay busy
     from the first to the last instead of idling at the end of each notebook's short grid."""
     names = [n for n in names if trains(n)]
     chains = sorted({p for n in names for p in _params_chain(n)})
     return {"cmd": f"python -m pflrepro train {' '.join(names)} --out results/train/{paper}.json",
-            "deps": ["pflrepro", "data/fmnist.pt", *chains], "params": _tracked(chains),
+            "deps": [*DRIVER, *RUN_LAYERS, *algorithm_files(names), "data/fmnist.pt", *chains],
+            "params": _tracked(chains),
             "outs": [f"results/train/{paper}.json"]}
 
 
@@ -133,7 +172,8 @@ def _deps(name: str) -> list[str]:
     import yaml
     doc = yaml.safe_load((ROOT / "params" / f"{name}.yaml").read_text()) or {}
     chain = _params_chain(name)
-    deps = [f"notebooks/{name}.ipynb", "pflrepro", "data/fmnist.pt", *([] if name in WHOLE_PARAMS else chain)]
+    deps = [f"notebooks/{name}.ipynb", *DRIVER, *RUN_LAYERS, *plugin_files([name]),
+            *(algorithm_files([name]) if trains(name) else []), "data/fmnist.pt", *([] if name in WHOLE_PARAMS else chain)]
     if _paper(name) and trains(name):   # its runs are trained (or found) by the paper's train stage first
         deps.append(f"results/train/{_paper(name)}.json")
     tables = {doc.get("paper_table")} | {yaml.safe_load((ROOT / p).read_text()).get("paper_table") for p in chain}
@@ -190,7 +230,7 @@ def dvc_yaml_text() -> str:
     stages["report"] = {  # the replication report: every paper's tables, figures and claims checklist, last
         "cmd": "python -m pflrepro report --results results --figures figures --out results/report --metrics "
                "metrics/report.json",
-        "deps": ["pflrepro/reporting/claims.py", "pflrepro/reporting/forest.py", "pflrepro/reporting/health.py",
+        "deps": ["pflrepro/reporting/claims", "pflrepro/reporting/forest.py", "pflrepro/reporting/health.py",
                  "pflrepro/reporting/replication.py", "pflrepro/reporting/tier.py", "pflrepro/reporting/verdicts.py",
                  "paper_numbers", "docs/device"]   # docs/device: the paper-scale tier's run records (reporting/tier.py)
                 + [f"results/{n}" for n in papers] + [f"figures/{n}" for n in papers],

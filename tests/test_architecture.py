@@ -107,12 +107,14 @@ def test_which_files_change_a_runs_address():
 def test_a_run_reaches_only_modules_in_its_address():
     """Every pflrepro module the run store reaches through imports (function-level ones too) is in the address,
     except the few that only drive a run: the store itself, its progress heartbeat, the package roots, the version
-    string, where results live, the GPU share (pipeline.gpu: a memory cap and a refusal before round 1) and the
-    training lock (pipeline.locks). The tensor caches' check is in data.datasets, in the address."""
+    string, where results live, the GPU share (pipeline.gpu: a memory cap and a refusal before round 1), the
+    training lock (pipeline.locks), the address's own computation (pipeline.address) and what a run records about
+    itself (pipeline.provenance). The tensor caches' check is in data.datasets, in the address."""
     graph = grimp.build_graph("pflrepro", exclude_type_checking_imports=False)
     reached = graph.find_upstream_modules("pflrepro.pipeline.store")
     drivers = {"pflrepro", "pflrepro.version", "pflrepro.paths", "pflrepro.pipeline", "pflrepro.pipeline.progress",
-               "pflrepro.pipeline.gpu", "pflrepro.pipeline.locks"}
+               "pflrepro.pipeline.gpu", "pflrepro.pipeline.locks", "pflrepro.pipeline.address",
+               "pflrepro.pipeline.provenance"}
     in_address = {"pflrepro." + f[:-3].replace("/", ".").removesuffix(".__init__") for f in _rel(result_code(None))}
     assert reached - drivers - {"pflrepro.algorithms"} <= in_address, reached - drivers - in_address
     assert {"pflrepro.core.loop", "pflrepro.core.engines.batched", "pflrepro.federation.build"} <= reached
@@ -173,3 +175,11 @@ def test_nothing_outside_core_imports_an_engines_module():
             continue
         assert not graph.find_modules_directly_imported_by(m) & inside, m
     assert "pflrepro.core.engines" in graph.find_modules_directly_imported_by("pflrepro.core.loop")
+
+
+def test_no_file_over_600_lines():
+    """Files a reader can hold (issue 55): claims, partitioners, models and the batched engine were 785-1,447 lines;
+    each is now a folder of modules by concern."""
+    long = {f.relative_to(PACKAGE).as_posix(): n for f in PACKAGE.rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > 600}
+    assert long == {}, long

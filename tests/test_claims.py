@@ -362,7 +362,7 @@ def test_paper_side_effect_beside_and_underpowered_against_it(tmp_path, monkeypa
     paper.mkdir()
     (paper / "t_table.csv").write_text("# toy\ndataset,setting,method,value,std\n"
                                        "cifar10,s1,x,80.5,0.1\ncifar10,s1,y,80.0,0.1\n")
-    monkeypatch.setattr(claims, "CLAIMS_DIR", paper)
+    monkeypatch.setattr(claims.loading, "CLAIMS_DIR", paper)
     claims._paper_table_name.cache_clear()
     root = table(tmp_path, "t_table", [seeded("x", [81.0, 79.5, 80.9]), seeded("y", [80.0, 80.0, 80.0])])
     r = run(root, {"form": "order", "a": "x", "b": "y"})

@@ -44,3 +44,53 @@ def test_verdict_changes_lists_what_moved_and_the_counts(tmp_path):
     assert "| p | 1 -> 0 | 0 -> 0 | 1 -> 1 |" in text and "Verdicts that moved (1):" in text
     assert "| p | x | holds | underpowered |" in text and "| p | y | fails | inconclusive" in text
     assert "| p | x | underpowered | 6 % |" in text and "| p | 2 | 1 | 2.5 | 4 | 16 |" in text
+
+
+def test_noise_draws_move_one_stream_each_from_a_shared_base():
+    noise = _script("noise")
+    grid = noise.draws(noise.SOURCES, 3, 1000)
+    base = {(d.seed, d.seeds) for d in grid if d.draw == 0}
+    assert len(base) == 1                                   # draw 0: one config for every source
+    b = next(d for d in grid if d.draw == 0)
+    assert b.seed == 1000 and dict(b.seeds) == {"partition": 1000, "split": 1000, "init": 1000}
+    for d in grid:
+        if d.draw == 0:
+            continue
+        moved = {k for k, v in d.seeds if v != 1000} | ({"seed"} if d.seed != 1000 else set())
+        want = {"partition": {"partition"}, "split": {"split"}, "init": {"init"}, "order": {"seed"},
+                "all": {"partition", "split", "init", "seed"}}[d.source]
+        assert moved == want, d
+
+
+def test_noise_configs_pin_pilot_streams_and_share_the_base_run():
+    noise = _script("noise")
+    cfgs = noise.configs("pfedsd_table2", "pfedsd", ["fedavg"], ["partition", "order"], 2, 1000, profile="smoke")
+    assert {k[0] for k in cfgs} == {"pfedsd", "fedavg"}
+    assert cfgs[("pfedsd", "partition", 0)].key() == cfgs[("pfedsd", "order", 0)].key()
+    assert cfgs[("fedavg", "partition", 1)].seeds == {"partition": 1001, "split": 1000, "init": 1000}
+    assert cfgs[("fedavg", "order", 1)].seed == 1001 and cfgs[("fedavg", "order", 1)].stream_seed("init") == 1000
+    assert all(c.seed >= 1000 for c in cfgs.values())       # pilot seeds: no verdict's
+
+
+def test_noise_decomposition_reads_paired_differences():
+    """Hand-made runs: the reference leads by 1 point at every `partition` draw except one (+3), so that source's SD of
+    the difference is the SD of (1, 1, 3); the `order` draws differ by exactly 1 (SD 0)."""
+    import numpy as np
+    import pandas as pd
+    noise = _script("noise")
+    rows = []
+    for src, lead in (("partition", [1, 1, 3]), ("order", [1, 1, 1])):
+        for i, d in enumerate(lead):
+            base = 80.0 + 5 * i                      # the draw moves both methods together (pairing removes it)
+            rows += [{"method": "a", "source": src, "draw": i, "best": base + d, "last": base + d - 0.5,
+                      "curve": np.array([base + d, base + d - 1]), "n_eff": 400.0, "wall_s": 10.0},
+                     {"method": "b", "source": src, "draw": i, "best": base, "last": base - 0.5,
+                      "curve": np.array([base, base]), "n_eff": 400.0, "wall_s": 10.0}]
+    t = noise.decompose(pd.DataFrame(rows), "a").set_index("source")
+    assert abs(t.loc["partition", "sd_best"] - np.std([1, 1, 3], ddof=1)) < 1e-12
+    assert t.loc["order", "sd_best"] == 0 and t.loc["order", "mean_best"] == 1
+    assert abs(t.loc["order", "sd_within_last"] - np.std([1, 0], ddof=1)) < 1e-12
+    # the test images: binomial SD of a difference of two ~0.8 accuracies over 400 images, in points
+    p, q = 0.81, 0.80
+    assert abs(t.loc["order", "sd_test_binomial"] - 100 * np.sqrt((p * (1 - p) + q * (1 - q)) / 400)) < 1e-9
+    assert abs(noise.detectable(1.0, 3) - (2.919986 + 1.060660) / np.sqrt(3)) < 1e-4

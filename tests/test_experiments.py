@@ -187,3 +187,22 @@ def test_notebook_profile_and_executor_typos_get_did_you_mean(call, near):
     with pytest.raises(ConfigError) as e:
         call()
     assert f"(did you mean {near}?)" in str(e.value), str(e.value)
+
+
+def test_methods_extend_adds_to_an_inherited_list_instead_of_replacing_it(tmp_path, monkeypatch):
+    """An inheriting file's `methods:` replaces its parent's list whole (the documented rule); `methods_extend:` adds to
+    it, and a method already listed gets the extension's overrides merged into its own."""
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "parent.yaml").write_text(
+        "profiles:\n  mini:\n    seeds: [0]\n    base: {rounds: 2}\n    methods: {fedavg: {}, fedprox: {hparams: {mu: 0.1}}}\n")
+    (tmp_path / "params" / "replaces.yaml").write_text("inherit: parent\nprofiles:\n  mini:\n    methods: {ditto: {}}\n")
+    (tmp_path / "params" / "extends.yaml").write_text(
+        "inherit: parent\nprofiles:\n  mini:\n    methods_extend: {ditto: {}, fedprox: {lr: 0.5}}\n")
+    (tmp_path / "params" / "bad.yaml").write_text("inherit: parent\nprofiles:\n  mini:\n    methods_extend: [ditto]\n")
+    monkeypatch.setattr(experiments, "REPO_ROOT", tmp_path)
+    assert list(experiments.load_profile("replaces", "mini")["methods"]) == ["ditto"]
+    p = experiments.load_profile("extends", "mini")
+    assert list(p["methods"]) == ["fedavg", "fedprox", "ditto"] and "methods_extend" not in p
+    assert p["methods"]["fedprox"] == {"hparams": {"mu": 0.1}, "lr": 0.5}
+    with pytest.raises(ConfigError, match=r"methods_extend=\['ditto'\]: expected a mapping"):
+        experiments.load_profile("bad", "mini")

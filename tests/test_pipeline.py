@@ -447,3 +447,20 @@ def test_report_stage_runs_after_every_table():
     for nbname in (p.stem for p in (REPO_ROOT / "notebooks").glob("*.ipynb")):
         if nbname != "example":
             assert f"results/{nbname}" in deps and f"figures/{nbname}" in deps, nbname
+
+
+def test_a_paper_plugin_or_algorithm_change_marks_only_the_stages_that_read_it():
+    """Issue 55: every stage depended on all of `pflrepro`, so editing one paper's plugin marked every paper's stages
+    changed. Now no stage depends on the whole package; a paper's plugin is a dependency of its own render stage
+    only, and an algorithm file only of the stages whose runs execute it (FedBSD's algorithm: FedBSD's stages)."""
+    import yaml
+    stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    deps = {name: set(s.get("deps", [])) for name, s in stages.items()}
+    assert not any("pflrepro" in d for d in deps.values())
+    for paper in ("pfedsd", "scd", "fedbsd", "perfed_ckt"):
+        readers = {n for n, d in deps.items() if f"pflrepro/papers/{paper}.py" in d}
+        assert readers == {f"render_{paper}"}, (paper, readers)
+    readers = {n for n, d in deps.items() if "pflrepro/algorithms/fedbsd.py" in d}
+    assert readers == {"train_fedbsd", "render_fedbsd"}, readers
+    assert {"pflrepro/core", "pflrepro/data", "pflrepro/federation", "pflrepro/settings.py"} <= deps["train_pfedsd"]
+    assert "pflrepro/reporting" not in deps["train_pfedsd"] and "pflrepro/reporting" in deps["render_pfedsd"]

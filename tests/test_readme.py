@@ -215,3 +215,16 @@ def test_readme_cluster_commands_run(tmp_path):
         assert runs and all((store / d / "summary.json").exists() for d in runs)
     finally:
         subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True)
+
+
+def test_every_environment_variable_the_code_reads_is_documented():
+    """docs/environment.md lists every `PFLREPRO_*` variable that the package, the scripts or the benchmarks name, and
+    no variable the code no longer reads."""
+    import re
+    named = set()
+    for folder in ("pflrepro", "scripts", "benchmarks"):
+        for f in (REPO_ROOT / folder).rglob("*.py"):
+            named |= set(re.findall(r"PFLREPRO_[A-Z_]+[A-Z]", f.read_text()))
+    doc = set(re.findall(r"`(PFLREPRO_[A-Z_]+[A-Z])`", (REPO_ROOT / "docs" / "environment.md").read_text()))
+    assert named - doc == set(), f"undocumented: {sorted(named - doc)}"
+    assert doc - named == set(), f"documented but never read: {sorted(doc - named)}"

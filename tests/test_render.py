@@ -129,3 +129,48 @@ def test_a_verb_builds_only_its_own_parser():
             "print('pflrepro.reporting.claims' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.split()[-1] == "False", out.stderr[-2000:]
+
+
+def test_render_profile_is_passed_to_the_notebooks_and_checked_first(capsys):
+    """`render --profile smoke` renders on that profile (papermill's `profile` parameter); a profile a notebook does not
+    define is refused in one line before any work, with the close match."""
+    from pflrepro.cli import main
+    assert notebooks.profiles("pfedsd_table4") >= {"smoke", "mini", "paper"}     # through `source: pfedsd_table2`
+    assert main(["render", "pfedsd_table2", "--profile", "smok"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "render --profile smok (did you mean 'smoke'?)" in err and "\n" not in err
+    seen = {}
+
+    def fake(a_names, jobs, parameters=None, say=print, **kw):
+        seen.update(names=a_names, parameters=parameters)
+        return {}
+    import pflrepro.pipeline.notebooks as nb
+    real, nb.render = nb.render, fake
+    try:
+        assert main(["render", "pfedsd_table2", "--profile", "smoke"]) == 0
+    finally:
+        nb.render = real
+    assert seen == {"names": ["pfedsd_table2"], "parameters": {"profile": "smoke"}}
+
+
+def test_a_render_on_another_profile_leaves_the_committed_metrics(tmp_path, monkeypatch):
+    """Issue 55's trap: rendering a notebook on `smoke` overwrote the committed metrics/<name>.json. Now only the
+    params file's own profile without overrides writes there; any other render writes beside its results."""
+    from pflrepro.reporting import notebook
+    monkeypatch.setattr(notebook.experiments, "results_root", lambda: tmp_path / "results")
+    for profile, overrides, committed in (("smoke", None, False), ("mini", {"base": {"lr": 0.1}}, False),
+                                          ("mini", None, True), (None, None, True)):
+        E = notebook.Experiment("pfedsd_table2", profile, overrides, verbose=False)
+        assert E.committed is committed, (profile, overrides)
+        path = E.metrics_path()
+        if committed:
+            assert path == tmp_path / "results" / "metrics" / "pfedsd_table2.json"   # a private store: its own metrics/
+        else:
+            assert path == E.res_dir / "metrics.json"
+    written = []
+    monkeypatch.setattr(notebook, "run_metrics", lambda runs, profile: {"profile": profile})
+    monkeypatch.setattr(notebook.report, "tidy", lambda results, metric: None)
+    monkeypatch.setattr(notebook, "plot_curves_csv", lambda results, metric: __import__("pandas").DataFrame())
+    notebook.write_metrics_and_curves("pfedsd_table2", {}, "pm_acc_mean", "smoke", tmp_path / "res", None, False)
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert written == ["res/curves.csv", "res/metrics.json"]

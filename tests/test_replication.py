@@ -81,7 +81,7 @@ def tree(tmp_path, monkeypatch):
     claims_dir = tmp_path / "paper_numbers"
     claims_dir.mkdir()
     (claims_dir / "fake_claims.yaml").write_text(yaml.safe_dump(CLAIMS))
-    monkeypatch.setattr(claims, "CLAIMS_DIR", claims_dir)            # only the fake paper's claims
+    monkeypatch.setattr(claims.loading, "CLAIMS_DIR", claims_dir)            # only the fake paper's claims
     monkeypatch.setattr(replication, "DVC_FILE", tmp_path / "dvc.yaml")  # no dvc.yaml: stages from outputs + claims
     results, figures = tmp_path / "results", tmp_path / "figures"
     stage(results, "fake_table1", {"m1": 80.0, "m2": 70.0, "m3": 79.5}, {"m1-a": 10.0, "m2-b": 20.0})

@@ -109,7 +109,7 @@ def test_the_papers_own_numbers_are_checked_when_the_report_runs(tmp_path, monke
     paper.mkdir()
     (paper / "t_table.csv").write_text("# toy\ndataset,setting,method,value,std\n"
                                        "cifar10,s1,x,80.0,0.1\ncifar10,s1,y,90.0,0.1\n")     # x is BELOW y in print
-    monkeypatch.setattr(claims, "CLAIMS_DIR", paper)
+    monkeypatch.setattr(claims.loading, "CLAIMS_DIR", paper)
     claims._paper_table_name.cache_clear()
     try:
         root = table(tmp_path, "t_table", [seeded("x", [85.0, 86.0, 84.5]), seeded("y", [80.0, 81.5, 79.0])])

@@ -45,7 +45,7 @@ def merge(base: dict, over: dict | None) -> dict:
     return out
 
 
-PROFILE_KEYS = ("seeds", "base", "settings", "methods", "per_dataset", "extra")
+PROFILE_KEYS = ("seeds", "base", "settings", "methods", "methods_extend", "per_dataset", "extra")
 # keys a params file may hold beside `profiles`: which profile, where it inherits from, and what its notebook reads
 FILE_KEYS = ("profile", "profiles", "inherit", "source", "paper_table", "paper_column", "metric", "gm_rows", "scale",
              "targets", "pairs", "methods_shown", "finetune_epochs", "bandwidth_mbps", "parallel_clients", "reference",
@@ -56,6 +56,8 @@ def _unknown(what: str, key: str, allowed) -> ConfigError:
     return ConfigError(f"{what}: unknown key{did_you_mean(key, allowed)}; allowed: "
                        + ", ".join(allowed))
 _WHOLE = ("seeds", "settings", "methods")  # replaced, not merged, by an inheriting file
+# `methods_extend:` adds methods to the inherited (or own) `methods` instead of replacing them: {name: overrides}; a
+# name the list already has gets these overrides merged into its own
 
 
 def read_params(name: str, _seen: tuple = ()) -> dict:
@@ -82,7 +84,27 @@ def read_params(name: str, _seen: tuple = ()) -> dict:
             profiles[prof] = merged
         doc = {**{k: v for k, v in parent.items() if k not in ("profiles", "inherit", "source")},
                **doc, "profiles": profiles}
+    doc["profiles"] = {prof: _extended(p, f"params/{name}.yaml:{prof}") if isinstance(p, dict) else p
+                       for prof, p in (doc.get("profiles") or {}).items()}
     return doc
+
+
+def _extended(p: dict, where: str) -> dict:
+    """`methods` with `methods_extend` merged in (what an inheriting file adds to its parent's list)."""
+    if "methods_extend" not in p:
+        return p
+    more = p["methods_extend"]
+    if not isinstance(more, dict):
+        raise ConfigError(f"{where}.methods_extend={more!r}: expected a mapping method -> overrides")
+    methods = dict(p.get("methods") or {})
+    for m, over in more.items():
+        methods[m] = merge(methods.get(m) or {}, over or {}) if m in methods else (over or {})
+    return {**{k: v for k, v in p.items() if k != "methods_extend"}, "methods": methods}
+
+
+def default_profile(name: str) -> str:
+    """The profile params/<name>.yaml names (`profile:`, else mini): what `dvc repro` renders."""
+    return read_params(name).get("profile", "mini")
 
 
 def load_profile(name: str, profile: str | None = None, overrides: dict | None = None) -> dict:
@@ -92,7 +114,7 @@ def load_profile(name: str, profile: str | None = None, overrides: dict | None =
     if profile not in doc.get("profiles", {}):
         raise ConfigError(f"profile={profile!r}{did_you_mean(profile, doc.get('profiles', {}))}: params/{name}.yaml "
                           f"defines {', '.join(doc.get('profiles', {}))}")
-    p = merge(doc["profiles"][profile], overrides)
+    p = _extended(merge(doc["profiles"][profile], overrides), f"params/{name}.yaml:{profile}")
     unknown = set(p) - set(PROFILE_KEYS)
     for k, v in doc.items():  # file-level keys (paper_table, metric, ...) apply to every profile
         if k not in ("profile", "profiles"):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from ..params import ConfigError
+from ..params import ConfigError, did_you_mean
 from ..paths import REPO_ROOT
 
 PARAMETERS = {"progress": "log"}   # what the stages pass (`-p progress log`): one log line per run, no widgets
@@ -57,6 +57,27 @@ def plan(names: list[str], root: Path = REPO_ROOT) -> tuple[dict[str, set[str]],
             raise ConfigError(f"render: {', '.join(sorted(set(names) - ordered))} name each other as `source`")
         ordered |= ready
     return after, {n for n in names if keys[n].get("alone")}
+
+
+def profiles(name: str, root: Path = REPO_ROOT) -> set[str]:
+    """The profiles params/<name>.yaml defines, its own and those it inherits (`inherit:` / `source:`), read as YAML
+    only (a render must not import torch)."""
+    out, seen = set(), set()
+    while name and name not in seen and (root / "params" / f"{name}.yaml").exists():
+        seen.add(name)
+        doc = _keys(name, root)
+        out |= set(doc.get("profiles") or {})
+        name = doc.get("inherit") or (doc.get("source") if "profiles" not in doc else None)
+    return out
+
+
+def check_profile(names: list[str], profile: str | None, root: Path = REPO_ROOT) -> None:
+    """Refuse, before any work, a profile one of the notebooks does not define."""
+    for n in names if profile else ():
+        have = profiles(n, root)
+        if profile not in have:
+            raise ConfigError(f"render --profile {profile}{did_you_mean(profile, have)}: params/{n}.yaml defines "
+                              f"{', '.join(sorted(have))}")
 
 
 def default_jobs() -> int:
@@ -137,9 +158,14 @@ def render(names: list[str], jobs: int | None = None, parameters: dict | None = 
 def add_arguments(p) -> None:
     p.add_argument("names", nargs="+", help="notebook names (notebooks/<name>.ipynb, params/<name>.yaml)")
     p.add_argument("--jobs", type=int, help="notebooks at once (default: the CPU cores this process may use)")
+    p.add_argument("--profile", help="render on this profile (smoke, mini, paper) instead of each params file's own; "
+                   "its metrics then go beside its results, and the committed metrics/<name>.json stay as they are")
 
 
 def main(a) -> int:
     if a.jobs is not None and a.jobs < 1:
         raise ConfigError(f"--jobs {a.jobs}: must be >= 1")
-    return 1 if render(a.names, a.jobs, say=lambda *x, **k: print(*x, file=sys.stderr, **k)) else 0
+    plan(a.names)
+    check_profile(a.names, a.profile)
+    return 1 if render(a.names, a.jobs, {"profile": a.profile} if a.profile else None,
+                       say=lambda *x, **k: print(*x, file=sys.stderr, **k)) else 0

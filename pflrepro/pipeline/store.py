@@ -34,10 +34,7 @@ import io
 import json
 import math
 import os
-import platform
-import re
 import shutil
-import subprocess
 import sys
 import time
 import warnings
@@ -50,14 +47,14 @@ import torch
 from ..algorithms import ALGORITHMS
 from ..core import engines
 from ..core.engines import MemoryBudgetError, NotBatchable
-from ..core.context import Context
 from ..core.loop import run_rounds
 from ..federation.build import build_context, build_partition
 from ..federation.config import RunConfig
 from ..params import ConfigError
-from ..paths import REPO_ROOT, results_root, sweep_stale_tmp, write_atomic
-from ..version import __version__
+from ..paths import results_root, sweep_stale_tmp, write_atomic
 from . import gpu
+from .address import PACKAGE, RESULT_CODE, code_fingerprint, result_code, result_key, run_dir  # noqa: F401
+from .provenance import PIPELINE_OUTPUTS, git_commit, provenance  # noqa: F401
 from .progress import HEARTBEAT, Heartbeat
 
 METRICS = ("gm_acc", "pm_acc_mean", "pm_acc_weighted", "pm_acc_std", "pm_acc_min")
@@ -76,63 +73,6 @@ class RunResult:
 
     def metric(self, name: str) -> np.ndarray:
         return np.array([r[name] for r in self.history], dtype=np.float64)
-
-
-PACKAGE = Path(__file__).resolve().parents[1]
-# What can change a run's numbers, by layer (docs/architecture.md): the settings vocabulary, the registries
-# (datasets, partitions, models), the engine and the federation builder, whole; of algorithms/, the files the
-# run's algorithm executes. pipeline/ (this store, executors, progress), reporting/, papers/ and the CLI are not
-# in a run's address: they run configs and read results, and never change them.
-RESULT_CODE = ("params.py", "settings.py", "data", "core", "federation")
-
-
-def _algorithm_files(algorithm: str | None) -> list[Path]:
-    """The algorithm package files a run of `algorithm` executes: the modules defining its class
-    and its bases, plus the package modules those import (e.g. shared statistics helpers).
-    Adding or editing another algorithm does not invalidate this one's stored results."""
-    folder = PACKAGE / "algorithms"
-    if algorithm is None or algorithm not in ALGORITHMS:
-        return sorted(folder.glob("*.py"))
-    todo = [Path(c.__module__.replace(".", "/") + ".py").name for c in ALGORITHMS[algorithm].__mro__
-            if c.__module__.startswith("pflrepro.algorithms.")]
-    seen: set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name in seen or not (folder / name).exists():
-            continue
-        seen.add(name)
-        todo += [m + ".py" for m in re.findall(r"^from \.(\w+) import", (folder / name).read_text(), re.M)]
-    return sorted(folder / n for n in seen)
-
-
-def result_code(algorithm: str | None = None) -> list[Path]:
-    """The source files in a run's content address (see RESULT_CODE), in hashing order."""
-    files = []
-    for part in RESULT_CODE:
-        p = PACKAGE / part
-        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
-    return files + _algorithm_files(algorithm)
-
-
-def code_fingerprint(algorithm: str | None = None) -> str:
-    """sha256 of the source files that can change a run's numbers (`result_code`). Part of the content
-    address, so a stored result is never reused across a change of the code it ran."""
-    h = hashlib.sha256()
-    for f in result_code(algorithm):
-        h.update(f.relative_to(PACKAGE).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
-
-
-def result_key(cfg: RunConfig) -> str:
-    return hashlib.sha256((cfg.key() + code_fingerprint(cfg.algorithm)).encode()).hexdigest()
-
-
-def run_dir(cfg: RunConfig, root: Path | str | None = None) -> Path:
-    """Where a config's result lives: <root>/<algorithm>-<dataset>-<sha12>, the hash covering
-    the full validated config and the result-affecting code (root defaults to
-    $PFLREPRO_RESULTS/runs, i.e. results/runs)."""
-    base = Path(root) if root is not None else results_root() / "runs"
-    return base / f"{cfg.algorithm}-{cfg.dataset}-{result_key(cfg)[:12]}"
 
 
 def summarise(history: list, last: int = 10) -> dict:
@@ -629,52 +569,3 @@ def _write_metrics(path: Path, history: list, per_client: list):
     for r, accs in zip(history, per_client):
         w.writerow([r["round"]] + [f"{a:.6f}" for a in accs])
     _write_atomic(path / "per_client.csv", buf.getvalue())
-
-
-# Tracked files that `dvc repro` itself rewrites (the lock, the metrics, README's summary block): a checkout
-# is not "dirty" because the pipeline ran in it, or every stage after the first would say so.
-PIPELINE_OUTPUTS = ("dvc.lock", "metrics", "README.md")
-
-
-def git_commit() -> dict:
-    """HEAD and whether tracked files other than PIPELINE_OUTPUTS differ from it."""
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        except Exception:
-            return ""
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                  *(f":(exclude){p}" for p in PIPELINE_OUTPUTS))
-    return {"commit": git("rev-parse", "HEAD") or "unknown", "dirty": bool(changed)}
-
-
-def model_flops(ctx: Context) -> int | None:
-    """Forward FLOPs of one sample through the (first) model, by torch's FLOP counter."""
-    from ..core.clock import forward_flops
-    try:
-        return forward_flops(ctx.make_model(0).to(ctx.device), ctx.data.x[:1])
-    except Exception:
-        return None
-
-
-def provenance(cfg: RunConfig, ctx: Context, wall: float, res, git: dict) -> dict:
-    import numpy
-    fwd = model_flops(ctx)
-    return {
-        "config_sha256": cfg.key(), "code_sha256": code_fingerprint(cfg.algorithm), "seed": cfg.seed, "dataset": cfg.dataset, "dataset_source": ctx.data.source,
-        "device": str(ctx.device), "torch_threads": torch.get_num_threads(),
-        # a round's client-by-client training: at most this many forked processes of one thread (core/engines/forked.py)
-        "client_procs": engines.client_procs(ctx.device, sys.maxsize),
-        "git": git, "pflrepro": __version__, "python": platform.python_version(),
-        "torch": torch.__version__, "numpy": numpy.__version__, "platform": platform.platform(),
-        "wall_seconds": wall, "resumed_from_round": res.resumed_from,
-        # runs whose clients shared its local training calls (executor "stacked", core/engines/together.py; 1: alone)
-        "trained_with_runs": stacker.runs if (stacker := engines.current()) is not None else 1,
-        # of which evaluation (every `eval_every` rounds: GM on the global test set, every PM on its local test)
-        "eval_seconds": sum(r.get("eval_seconds", 0.0) for r in res.history),
-        "bytes_up": res.bytes_up, "bytes_down": res.bytes_down,
-        "train_samples": res.samples, "forward_flops_per_sample": fwd,
-        # training FLOPs ~ 3x forward (forward + backward wrt inputs and weights)
-        "train_flops_estimate": (3 * fwd * res.samples) if fwd else None,
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }

@@ -60,6 +60,9 @@ class Experiment:
         self.name, self.out_dir = name, out_dir
         self.P = experiments.load_profile(name, profile, overrides)
         self.profile = self.P["profile"]
+        # the committed metrics/<name>.json are the params file's own profile's, unchanged: a render on another profile
+        # or with overrides writes its metrics beside its results instead (issue 55: a smoke render overwrote them)
+        self.committed = out_dir is None and not overrides and self.profile == experiments.default_profile(name)
         self.metric = self.P.get("metric", "pm_acc_mean")
         self.res_dir, self.fig_dir, self.store = experiments.output_dirs(name, out_dir)
         self.configs = experiments.grid(self.P)  # every config validated before anything runs
@@ -104,7 +107,7 @@ class Experiment:
     def metrics_path(self) -> Path:
         """metrics/<name>.json (what `dvc metrics show` and `dvc exp show` read; a DVC stage's metrics file, kept in
         git) for the default run, or <out_dir>/metrics.json for a sweep point."""
-        return metrics_path(self.name, self.out_dir, self.res_dir)
+        return metrics_path(self.name, self.out_dir, self.res_dir, self.committed)
 
     def table(self, df: pd.DataFrame, title: str, stem: str = "table", note: str = "", digits: int = 2) -> str:
         """Write <stem>.md (banner + table + paper source) and <stem>.csv; return the markdown."""
@@ -162,33 +165,41 @@ class Experiment:
                          for k, r in results.items()}}
         (self.res_dir / "provenance.json").write_text(json.dumps(prov, indent=2))
         if results:
-            write_metrics_and_curves(self.name, results, self.metric, self.profile, self.res_dir, self.out_dir)
+            write_metrics_and_curves(self.name, results, self.metric, self.profile, self.res_dir, self.out_dir,
+                                     self.committed)
         print(json.dumps({k: prov[k] for k in ("notebook", "profile", "banner")}, indent=2))
         return prov
 
 
-def metrics_path(name: str, out_dir, res_dir: Path) -> Path:
-    """metrics/<name>.json beside results/ for a DVC stage, <out_dir>/metrics.json for a sweep point."""
-    if out_dir:
+def metrics_path(name: str, out_dir, res_dir: Path, committed: bool = True) -> Path:
+    """metrics/<name>.json beside results/ for a DVC stage (the params file's own profile, no overrides: `committed`),
+    <res_dir>/metrics.json otherwise (a sweep point's <out_dir>, or another profile's render)."""
+    if out_dir or not committed:
         return Path(res_dir) / "metrics.json"
     root = experiments.results_root()
     return (REPO_ROOT if root == REPO_ROOT / "results" else root) / "metrics" / f"{name}.json"
 
 
-def curves_path(name: str, out_dir, res_dir: Path) -> Path:
+def curves_path(name: str, out_dir, res_dir: Path, committed: bool = True) -> Path:
     """metrics/<name>.curves.csv beside the metrics for a DVC stage (committed like them, so `dvc plots show` draws
-    every stage's curves in a fresh clone), <out_dir>/curves.csv for a sweep point."""
-    if out_dir:
+    every stage's curves in a fresh clone), <res_dir>/curves.csv otherwise (as `metrics_path`)."""
+    if out_dir or not committed:
         return Path(res_dir) / "curves.csv"
     return metrics_path(name, out_dir, res_dir).with_name(f"{name}.curves.csv")
 
 
-def write_metrics_and_curves(name: str, results: dict, metric: str, profile: str, res_dir: Path, out_dir=None) -> None:
-    """The DVC metrics file (metrics_path) and the DVC plots file (curves_path) of a notebook's runs."""
-    path = metrics_path(name, out_dir, res_dir)
+def write_metrics_and_curves(name: str, results: dict, metric: str, profile: str, res_dir: Path, out_dir=None,
+                             committed: bool = True) -> None:
+    """The DVC metrics file (metrics_path) and the DVC plots file (curves_path) of a notebook's runs; with
+    `committed` False (another profile than the params file's, or overrides) they go beside the results, and the
+    committed ones stay as they are."""
+    path = metrics_path(name, out_dir, res_dir, committed)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(run_metrics(report.tidy(results, metric), profile), indent=1))
-    plot_curves_csv(results, metric).to_csv(curves_path(name, out_dir, res_dir), index=False)
+    plot_curves_csv(results, metric).to_csv(curves_path(name, out_dir, res_dir, committed), index=False)
+    if not committed and not out_dir:
+        print(f"{name}: profile {profile!r} (or overrides) is not what dvc repro renders: its metrics are in "
+              f"{path} and {path.with_name('curves.csv')}; metrics/{name}.json is left as committed")
 
 
 def plot_curves_csv(results: dict, metric: str) -> pd.DataFrame:

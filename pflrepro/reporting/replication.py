@@ -23,7 +23,6 @@ Nothing here trains, imports torch, or changes a number.
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime
 import html
 import json
@@ -36,6 +35,9 @@ import pandas as pd
 import yaml
 
 from . import claims, forest, health, tier, verdicts
+from .html import to_html
+from .verdict_md import (FORKING_PATHS, _cell, _count_text, _counts, _duration, _md_table, claims_markdown,  # noqa: F401
+                         decide_markdown, forking_markdown, forking_paths)
 
 REPO_ROOT = claims.REPO_ROOT
 DVC_FILE = REPO_ROOT / "dvc.yaml"
@@ -209,13 +211,6 @@ def health_markdown(stages: list[Stage]) -> str:
                                     for k, r in flagged.items()])
 
 
-def _counts(rows: list[dict]) -> dict:
-    c = {v: 0 for v in claims.VERDICTS}
-    for r in rows:
-        c[r["verdict"]] += 1
-    return c
-
-
 def _distinct_wall(stages: list[Stage]) -> float:
     """Each run once, however many stages render it (Table 2's runs feed Tables 4, 5, Figs. 6, 7)."""
     seen: dict = {}
@@ -255,22 +250,6 @@ def summarize(papers: dict[str, list[Stage]], rows: list[dict], docs: dict[str, 
 
 
 # ------------------------------------------------------------------ markdown
-def _duration(s: float | None) -> str:
-    if s is None:
-        return "—"
-    return f"{s:.1f} s" if s < 60 else (f"{s / 60:.1f} min" if s < 3600 else f"{s / 3600:.2f} h")
-
-
-def _cell(x) -> str:
-    return str(x).replace("|", "\\|").replace("\n", " ")
-
-
-def _md_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(x) for x in r) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
 def summary_markdown(summary: list[dict], link: bool = True) -> str:
     """The counts, one short row per paper and profile (each row's note follows in `notes_markdown`)."""
     head = ["paper", "profile", "stages", *claims.VERDICTS, "independent tests decided", "metric-sensitive",
@@ -367,83 +346,6 @@ def stage_markdown(st: Stage, out_dir: Path, stage_rows: list[dict]) -> str:
     if stage_rows:
         parts.append(f"Claims on this stage: {_count_text(_counts(stage_rows))} (see the checklist below).\n")
     return "\n".join(parts)
-
-
-def _count_text(c: dict) -> str:
-    return ", ".join(f"{n} {v}" for v, n in c.items() if n) or "none"
-
-
-def claims_markdown(rows: list[dict]) -> str:
-    """The paper's checklist, headline claims first: verdict, claim (id, stage, profile, flags), the quoted
-    sentence, the reproduced effect with its interval, the same effect and verdict on the paper's own numbers,
-    and the numbers that decided it."""
-    out = [f"### Claims checklist: {_count_text(_counts(rows))}; independent tests decided: "
-           f"{claims.independent_tests(rows)}\n"]
-    table = []
-    for r in sorted(rows, key=lambda r: not r.get("headline")):
-        where = f"{'**headline** ' if r.get('headline') else ''}{r['id']}<br>`{r['stage']}`" + \
-            (f"<br>profile {r['profile']}" if r["profile"] else "") + "".join(f"<br>{f}" for f in claims._flags(r))
-        ev = r["evidence"] + (f" — paper's own numbers: {r['paper_inconsistent']}" if r["paper_inconsistent"] else "") \
-            + (f" — note: {r['note']}" if r["note"] else "")
-        robust = f"{r['robust_verdict']}: {r['robust_interval']}" if r.get("robust_verdict") else "—"
-        table.append([r["verdict"], where, r["quote"], r.get("interval", ""), robust, claims.paper_text(r), ev])
-    out.append(_md_table(["verdict", "claim", "quote", f"effect [{verdicts.INTERVAL_NAME}]",
-                          "on the last tenth of the rounds", "on the paper's numbers", "numbers that decided it"], table))
-    return "\n".join(out)
-
-
-def decide_markdown(rows: list[dict]) -> str:
-    """'What would decide the undecided headline claims': each one's per-seed spread of its main effect, the effect
-    this profile's seeds detect with 80 % power (the main comparison, at its level), the paper's own effect beyond the
-    claim's boundary, the paired seeds at which the whole claim would hold with 80 % power (`claims.seeds_needed`) and
-    their CPU time here (`claims.what_would_decide`)."""
-    undecided = [r for r in rows if "decide_seeds" in r]
-    if not undecided:
-        return ""
-    fmt = claims._fmt
-
-    def seeds(r):
-        n = r["decide_seeds"]
-        return (r["decide_note"] if r.get("decide_note") else
-                "none: the paper's own effect is not beyond the boundary" if r.get("paper_gap") is not None
-                and not r["paper_gap"] > 0 else "unknown (no per-seed spread, or no paper effect)" if n is None
-                else f"more than {claims.MAX_SEEDS}" if n > claims.MAX_SEEDS else str(n))
-    table = [[r["id"], r["verdict"], r["seeds"], fmt(r["seed_sd"]) if r.get("seed_sd") is not None else "—",
-              fmt(r["mde"]) if r.get("mde") is not None else "—",
-              fmt(r["paper_gap"]) if r.get("paper_gap") is not None else "—", seeds(r),
-              _duration(3600 * r["decide_cpu_hours"]) if r.get("decide_cpu_hours") else "—"] for r in undecided]
-    return ("### What would decide the undecided headline claims\n\n"
-            "Per claim: its main effect's spread over the paired seeds, the effect these seeds detect with 80 % power "
-            "(the main comparison, one-sided at its level), the paper's own effect beyond the claim's boundary (on its "
-            "printed numbers), the paired seeds at which the whole claim (every comparison and cell it needs, at their "
-            "levels) would hold with 80 % power were the paper's effects true at these spreads, and the CPU time of "
-            "the seeds still to run (the measured wall time of the runs it read, per seed, on this machine). Planning "
-            "from the spreads seen, never a verdict.\n\n"
-            + _md_table(["claim", "verdict", "seeds", "per-seed sd", "detectable now", "paper's effect",
-                         "seeds to detect it", "CPU time for them"], table))
-
-
-FORKING_PATHS = claims.CLAIMS_DIR / "forking_paths.yaml"
-
-
-def forking_paths(paper: str) -> list[dict]:
-    """The paper's entries of the forking-path log (`paper_numbers/forking_paths.yaml`): mini settings chosen or
-    changed after results were seen, and those of every paper (`paper: all`: the decision rule)."""
-    if not FORKING_PATHS.exists():
-        return []
-    doc = yaml.safe_load(FORKING_PATHS.read_text()) or []
-    entries = doc.get("entries", []) if isinstance(doc, dict) else doc
-    return [e for e in entries if isinstance(e, dict) and e.get("paper") in (paper, "all")]
-
-
-def forking_markdown(paper: str) -> str:
-    entries = forking_paths(paper)
-    if not entries:
-        return ""
-    cols = ("date", "setting", "before", "after", "seen", "reason", "verdicts_before", "verdicts_after")
-    return (f"**Forking paths** ({len(entries)}: settings of this paper's profiles chosen or changed after results "
-            "were seen; `paper_numbers/forking_paths.yaml`):\n\n"
-            + _md_table([c.replace("_", " ") for c in cols], [[e.get(c, "") for c in cols] for e in entries]))
 
 
 def paper_markdown(paper: str, stages: list[Stage], rows: list[dict], out_dir: Path,
@@ -546,45 +448,6 @@ def report_markdown(papers: dict[str, list[Stage]], rows: list[dict], summary: l
         parts.append(paper_markdown(paper, stages, [r for r in rows if r["paper"] == paper], out_dir,
                                     (scale_notes or {}).get(paper)))
     return "\n".join(parts)
-
-
-# ------------------------------------------------------------------ html
-CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;line-height:1.45;color:#222}
-table{border-collapse:collapse;font-size:13px;margin:.6em 0}th,td{border:1px solid #ccc;padding:3px 6px;vertical-align:top}
-th{background:#f3f3f3}.tw{overflow-x:auto}img{max-width:100%;border:1px solid #eee;margin:.4em 0}
-blockquote{color:#555;border-left:3px solid #ccc;margin:.5em 0;padding-left:.8em}code{background:#f5f5f5;padding:0 3px}
-td.v-holds{background:#d9f2d9}td.v-partial{background:#e8f5d0}td.v-fails{background:#f8d4d4}
-td.v-inconclusive{background:#fdf2c8}td.v-underpowered{background:#eeeeee}td.v-by-design{color:#555;font-style:italic}td.v-not-run{color:#777}
-h2{border-bottom:2px solid #ddd;margin-top:2em}h3{margin-top:1.6em}details{margin:.5em 0}.path{font-family:monospace}"""
-
-
-def _markdown_to_html(md: str) -> str:
-    import mistune
-    return mistune.create_markdown(escape=False, plugins=["table"])(md)
-
-
-def to_html(md: str, base: Path, title: str = "Reproduction report") -> str:
-    """The markdown as one self-contained page: images read (relative to `base`) and embedded as data URIs,
-    links to anything but an anchor on the page shown as text."""
-    body = _markdown_to_html(md)
-
-    def embed(m):
-        tag = m.group(0)
-        src = re.search(r'\ssrc="([^"]*)"', tag)
-        if src is None or src.group(1).startswith("data:"):
-            return tag
-        path = Path(os.path.normpath(base / html.unescape(src.group(1))))
-        if not path.is_file():
-            return f"<em>(missing figure {html.escape(path.name)})</em>"
-        uri = "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode()
-        return tag[:src.start()] + f' src="{uri}"' + tag[src.end():]
-    body = re.sub(r"<img\b[^>]*>", embed, body)
-    body = re.sub(r'<a href="(?!#)[^"]*"[^>]*>(.*?)</a>', r'<span class="path">\1</span>', body, flags=re.S)
-    body = re.sub(r"<td>(holds|partial|fails|inconclusive|underpowered|by design|not run)</td>",
-                  lambda m: f'<td class="v-{m.group(1).replace(" ", "-")}">{m.group(1)}</td>', body)
-    body = body.replace("<table>", '<div class="tw"><table>').replace("</table>", "</table></div>")
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
 
 
 # ------------------------------------------------------------------ entry points
