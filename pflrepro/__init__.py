@@ -21,5 +21,5 @@ _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 def run(cfg, **kw):
     """Run one config (dict or RunConfig); see pflrepro.pipeline.store.run."""
-    from .pipeline.store import run as _run
+    from .pipeline.store import run as _run   # lazy: `import pflrepro` sets OMP_WAIT_POLICY before torch loads
     return _run(cfg, **kw)

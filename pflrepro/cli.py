@@ -401,7 +401,10 @@ def _train(a) -> int:
     return 0
 
 
-# verb -> (add its parser, run it): a new verb is one entry (docs/architecture.md)
+# verb -> (add its parser, run it): a new verb is one entry (docs/architecture.md). A verb's runner imports what it
+# runs inside itself, and `main` builds only its parser: `render` (every render stage) must not load torch or the
+# reporting layer (5.7 s before its first notebook started; tests/test_render.py::test_a_verb_builds_only_its_own_parser),
+# so the function-level imports of this module are deliberate (tests/test_architecture.py allows them here).
 VERBS = {"run": (_add_run, _run), "list": (_add_list, _list), "data": (_add_data, _data),
          "partition": (_add_partition, _partition), "claims": (_add_claims, _claims), "report": (_add_report, _report),
          "train": (_add_train, _train), "cost": (_add_cost, _cost), "tune": (_add_tune, _tune),

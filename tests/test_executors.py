@@ -129,7 +129,7 @@ def counting(cfg, **kw):
         with open({log!r}, "a") as f:
             f.write(R.run_dir(cfg, kw.get("root")).name + "\\n")
     return real(cfg, **kw)
-R.run = counting       # parallel.train_all imports store.run when it is called: this driver's trainings are logged
+R.run = counting       # parallel.train_all calls store.run: this driver's trainings are logged
 grid = {{(a, "s", s): RunConfig.from_dict(small_cfg(algorithm=a, seed=s, rounds=2, subsample=0.02))
         for a in ("fedavg", "fedper") for s in (0, 1)}}
 experiments.run_grid(grid, root={store!r}, progress=False, jobs=1)

@@ -14,18 +14,17 @@ that client's local test set. A method without a global model is fine-tuned from
 from __future__ import annotations
 
 import numpy as np
-import torch
 
+from ..algorithms import ALGORITHMS
 from ..core.aggregation import clone_state
 from ..core.training import accuracy
+from ..federation.build import build_context, resolve_device
+from ..pipeline.store import load_checkpoint, _load_partition
 
 
 def new_client_accuracy(result, epochs: int) -> dict:
     """{"acc": weighted mean over the new clients (n_k / sum n), "per_client": [...], "clients": [...]} for a
     stored run (`RunResult`) with `new_clients` > 0, after `epochs` epochs of fine-tuning from its final GM."""
-    from ..algorithms import ALGORITHMS
-    from ..federation.build import build_context, resolve_device
-    from ..pipeline.store import _load_partition, load_checkpoint
     cfg = result.config
     if cfg.new_clients <= 0:
         raise ValueError(f"{result.path.name}: new_clients=0, no client joined after training")

@@ -23,7 +23,12 @@ import time
 
 import torch
 
+from ..core.clock import forward_flops as count
+from ..data.datasets import SPECS
+from ..data.models import build_model
 from ..federation.config import RunConfig
+from . import parallel
+from .parallel import work
 
 GPU_FLOPS = 10e12   # stated: about half an A100's 19.5 TFLOP/s FP32 peak, sustained on ResNet-size batches
 GPU_NAME = "a GPU sustaining 10 TFLOP/s (half an A100's FP32 peak)"
@@ -35,9 +40,6 @@ RATE_BATCH_MAX = 256
 @functools.lru_cache(maxsize=None)
 def forward_flops(model: str, dataset: str) -> int:
     """FLOPs of one sample's forward pass of `model` on `dataset`'s image shape (no data needed)."""
-    from ..core.clock import forward_flops as count
-    from ..data.datasets import SPECS
-    from ..data.models import build_model
     s = SPECS[dataset]
     return count(build_model(model, s.channels, s.num_classes, s.size), torch.zeros(1, s.channels, s.size, s.size))
 
@@ -45,8 +47,6 @@ def forward_flops(model: str, dataset: str) -> int:
 @functools.lru_cache(maxsize=None)
 def train_rate(model: str, dataset: str, batch: int, threads: int, steps: int = 3) -> float:
     """Training FLOP/s of `model` on this machine: SGD steps on a random batch, timed after one warm-up."""
-    from ..data.datasets import SPECS
-    from ..data.models import build_model
     s = SPECS[dataset]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -71,7 +71,6 @@ def train_rate(model: str, dataset: str, batch: int, threads: int, steps: int = 
 
 
 def run_flops(cfg: RunConfig) -> float:
-    from .parallel import work
     archs = sorted({cfg.model, *cfg.models}) if cfg.models else [cfg.model]
     fwd = sum(forward_flops(m, cfg.dataset) for m in archs) / len(archs)
     return 3 * fwd * work(cfg)
@@ -80,7 +79,6 @@ def run_flops(cfg: RunConfig) -> float:
 def grid_cost(configs, jobs: int | None = None, gpu_flops: float = GPU_FLOPS) -> dict:
     """Cost of training every distinct config in `configs` (an iterable of RunConfig), `jobs` at once on this
     machine (None: parallel.resolve_jobs's auto). Returns {"rows": per (model, dataset), "total": ...}."""
-    from . import parallel
     configs = list({c.key(): c for c in configs}.values())
     if not configs:
         return {"rows": [], "total": {"runs": 0, "tflops": 0.0, "cpu_hours": 0.0, "wall_hours": 0.0,

@@ -20,8 +20,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..algorithms import ALGORITHMS
 from ..core.loop import run_rounds
+from ..federation.build import build_context, resolve_device
 from ..federation.config import RunConfig
+from .provenance import model_flops
 
 
 class Instrumented:
@@ -75,9 +78,6 @@ def measure(cfg: RunConfig) -> dict:
     their first v_k, FedFomo's clients their first uploads), rounds 2..R are timed (R = cfg.rounds), round
     R+1 is FLOP-counted; bytes are the mean over rounds 2..R+1.
     Evaluation, which the paper's timing excludes, runs once at the end."""
-    from ..algorithms import ALGORITHMS
-    from ..federation.build import build_context, resolve_device
-    from .store import model_flops
     R = max(cfg.rounds, 2)
     c = cfg.replace(rounds=R + 1, eval_every=R + 1, engine="per_client")  # time clients one by one
     ctx = build_context(c, resolve_device(c.device))

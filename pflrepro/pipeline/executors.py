@@ -48,9 +48,17 @@ import threading
 import time
 from pathlib import Path
 
+from ..core.engines import config_signature, Stacker
+from ..data.datasets import SPECS
+from ..data.models import build_model
+from ..federation.build import raw_dataset
 from ..federation.config import RunConfig
 from ..params import ConfigError, did_you_mean
+from . import gpu, parallel, store
 from .locks import lock, unlock
+from .parallel import _available_gib, GridFailed
+from .progress import HEARTBEAT
+from .store import MANIFEST, run
 
 SRC = str(Path(__file__).resolve().parents[2])
 RESUME_FILES = ("config.json", "partition.npz", "checkpoint.pt")   # what a run needs to resume elsewhere
@@ -100,7 +108,6 @@ def check_datasets(configs: list[RunConfig]) -> None:
     where to put files), not after hours of training its first rows. The loads are the ones the runs in this
     process make anyway (federation.build.raw_dataset keeps them; a tensor cache is checked against its source as it is
     read, data.datasets). A Ray driver does not check: its nodes hold the data."""
-    from ..federation.build import raw_dataset
     names = {c.dataset for c in configs} | {c.public["dataset"] for c in configs if c.public.get("dataset")}
     for name in sorted(names):
         raw_dataset(name)
@@ -118,7 +125,6 @@ class LocalExecutor:
         return f"{self.jobs} at once"
 
     def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False, keep_going: bool = True) -> None:
-        from . import parallel
         check_datasets(configs)
         parallel.train_all(configs, root, self.jobs, on_done=on_done, progress=bars and self.jobs == 1,
                            keep_going=keep_going)
@@ -140,9 +146,6 @@ class StackedExecutor:
         return f"stacked, up to {self.runs or 'all'} runs a batch"
 
     def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False, keep_going: bool = True) -> None:
-        from ..core.engines import Stacker
-        from .parallel import GridFailed
-        from .store import run
         check_datasets(configs)
         failed: list = []
         for batch in plan_batches(configs, self.runs):
@@ -169,8 +172,6 @@ def run_bytes(cfg: RunConfig) -> int:
     """A run's resident bytes, an upper bound: its dataset's images on the device, and per client three models
     (a personal model, a teacher or anchor, its upload); local training is bounded by `memory_budget_mb`, one chunk at
     a time for the whole batch of runs."""
-    from ..data.datasets import SPECS
-    from ..data.models import build_model
     spec = SPECS[cfg.dataset]
     image = spec.channels * spec.size * spec.size * 4 + 8
     data = int(math.ceil((spec.n_train + spec.n_test) * image))
@@ -186,8 +187,6 @@ def memory_cap(configs: list[RunConfig]) -> float:
     available RAM on a CPU, less the training chunk's budget (the largest memory_budget_mb)."""
     import torch
 
-    from . import gpu
-    from .parallel import _available_gib
     chunk = max(c.memory_budget_mb for c in configs) * 2**20
     dev = gpu.device(configs[0].device)
     if gpu.is_cuda(dev):
@@ -202,7 +201,6 @@ def plan_batches(configs: list[RunConfig], runs: int | None = None, cap: float |
     """The grid cut into batches trained together: runs that can share calls (equal config but for seeds and data:
     together.SEED_AND_DATA) side by side, in their order, each batch at most `runs` runs and `cap` bytes (by `size`);
     a run larger than the cap alone. A grid larger than memory is split, never run out of memory."""
-    from ..core.engines import config_signature
     cap = memory_cap(configs) if cap is None and configs else cap
     sigs = [config_signature(c) for c in configs]
     first = {}
@@ -250,7 +248,6 @@ class RayExecutor:
 
     def train_all(self, configs: list[RunConfig], root, on_done=None, bars: bool = False, keep_going: bool = True) -> None:
         """(`keep_going` is the local executor's: on Ray the first failed task, its retries spent, stops the grid.)"""
-        from . import parallel, store
         ray = _ray()
         started = not ray.is_initialized()
         if started:
@@ -343,22 +340,18 @@ class Keeper:
         return {f: (d / f).read_bytes() for f in RESUME_FILES if (d / f).exists()}
 
     def put(self, name: str, files: dict) -> None:
-        # the store's one writer: a temporary file per process, then rename
-        from .store import _write_atomic
-        d = self.root / name
+        d = self.root / name           # the store's one writer: a temporary file per process, then rename
         d.mkdir(parents=True, exist_ok=True)
         for f, blob in files.items():
-            _write_atomic(d / f, blob)
+            store._write_atomic(d / f, blob)
 
 
 def write_run(path: Path, files: dict) -> None:
     """Write a run's files into a store; its manifest last (store.MANIFEST: the run is finished from then on), so a
     reader never finds a run half written."""
-    from .progress import HEARTBEAT
     path.mkdir(parents=True, exist_ok=True)
-    from .store import MANIFEST, _write_atomic
     for f in sorted(files, key=lambda f: (f == MANIFEST, f == "summary.json")):
-        _write_atomic(path / f, files[f])
+        store._write_atomic(path / f, files[f])   # through the module: a test records the order of writes
     (path / HEARTBEAT).unlink(missing_ok=True)
     if "checkpoint.pt" not in files:   # the finished run dropped it (store.keeps_checkpoint): not one shipped mid-run
         (path / "checkpoint.pt").unlink(missing_ok=True)
@@ -372,7 +365,6 @@ class _Shipper:
     Fig. 3 grid 12 s of 65 (docs/performance.md, "Ray against local")."""
 
     def __init__(self, path: Path, keeper, ship: float, every: float = 0.5):
-        from .progress import HEARTBEAT
         self.path, self.keeper, self.ship, self.every, self.beat = path, keeper, ship, every, HEARTBEAT
         self.seen: dict[str, tuple] = {}
         self.shipped = time.monotonic()
@@ -424,8 +416,6 @@ def _train_task(cfg_dict: dict, fingerprint: str, threads: int, shared_root: str
     fraction f < 1 caps this process's CUDA memory at f and has the run check that it fits (gpu.share)."""
     import torch
 
-    from . import gpu, store
-    from .progress import HEARTBEAT
     cfg = RunConfig.from_dict(cfg_dict)
     if store.code_fingerprint(cfg.algorithm) != fingerprint:
         raise RuntimeError(f"this node's pflrepro ({store.__file__}) differs from the driver's in code that changes "
@@ -482,7 +472,6 @@ def parse_stacked(spec: str) -> StackedExecutor:
 
 def resolve(executor, jobs, configs: list[RunConfig]):
     """An executor from a notebook's or the CLI's `executor` (None: $PFLREPRO_EXECUTOR, else "local")."""
-    from . import parallel
     if executor is None:
         executor = os.environ.get("PFLREPRO_EXECUTOR", "local")
     if isinstance(executor, (LocalExecutor, RayExecutor, StackedExecutor)):

@@ -33,7 +33,9 @@ import yaml
 from ..federation.config import RunConfig
 from ..params import ConfigError, did_you_mean
 from ..paths import REPO_ROOT, results_root
-from .store import METRICS, OPTIONAL_METRICS, RunResult, is_finished, run, run_dir
+from . import budget, executors, parallel
+from .progress import GridLog, tqdm
+from .store import is_finished, METRICS, OPTIONAL_METRICS, run, run_dir, RunResult
 
 PROFILES = ("smoke", "mini", "paper")
 
@@ -213,8 +215,6 @@ def run_grid(configs: dict, root: Path | str | None = None, progress: bool | str
     flight, time left; pflrepro.pipeline.progress.GridLog, headed `[name]`)."""
     from contextlib import nullcontext
 
-    from . import executors, parallel
-    from .progress import GridLog, tqdm
     if progress not in (True, False, "log"):
         raise ValueError(f"progress={progress!r}: True (bars), False (silent) or 'log' (plain lines for logs)")
     bars = progress is True
@@ -225,7 +225,6 @@ def run_grid(configs: dict, root: Path | str | None = None, progress: bool | str
             todo.setdefault(paths[key], (key, cfg))
     ex = executors.resolve(executor, jobs, [c for _, c in todo.values()])
     if announce_cost and todo:
-        from . import budget
         cost = budget.grid_cost([c for _, c in todo.values()], jobs=getattr(ex, "jobs", None))
         print(budget.describe(cost, name), file=sys.__stderr__ or sys.stderr, flush=True)
     logging = progress == "log" and bool(todo)

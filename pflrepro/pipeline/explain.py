@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import yaml
 
+from .. import algorithms
 from ..federation.config import RunConfig
 from ..params import ConfigError
 from ..paths import REPO_ROOT
@@ -114,7 +115,6 @@ def origins(name: str, method: str, setting: str, profile: str | None = None,
 
 def _default(key: str, cfg) -> str:
     """Which schema's default a key no layer sets has."""
-    from .. import algorithms
     head, _, leaf = key.partition(".")
     if head == "hparams" and leaf:
         cls = algorithms.ALGORITHMS[cfg.algorithm]

@@ -22,6 +22,9 @@ import os
 
 import torch
 
+from ..core.context import Plan
+from ..core.engines import client_bytes, uses_plans
+from ..federation.build import resolve_device
 from ..params import ConfigError
 
 FRACTION_ENV = "PFLREPRO_GPU_FRACTION"
@@ -44,7 +47,6 @@ def fraction() -> float | None:
 def device(name: str) -> torch.device:
     """A run's `device` resolved (federation.build.resolve_device: 'auto' is CUDA where available, else the CPU), with
     'cuda' on a machine without CUDA refused as a one-line ConfigError before anything is written."""
-    from ..federation.build import resolve_device
     try:
         return resolve_device(name)
     except RuntimeError:
@@ -101,8 +103,6 @@ def need(ctx, algo, start: dict | None = None) -> dict:
     checkpoint's tensors), `training` (one client, client 0), `states` (n_clients x one model's state, an upper
     bound) and `total`. Measured on a fresh module under torch.random.fork_rng: the run's random streams and its
     cached modules are untouched, so its results do not change."""
-    from ..core.engines import client_bytes, uses_plans
-    from ..core.context import Plan
     dev = ctx.device
     data = max(0, torch.cuda.memory_allocated(dev) - _tensor_bytes(start, cuda_only=True))
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):

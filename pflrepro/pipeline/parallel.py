@@ -30,8 +30,12 @@ import threading
 import traceback
 from pathlib import Path
 
+from ..algorithms import ALGORITHMS
+from ..core.schedule import trained_share
+from ..data.datasets import SPECS
 from ..federation.config import RunConfig
 from ..params import ConfigError
+from . import gpu, store   # called through the modules: tests replace store.run and gpu.device (test_executors, test_gpu_memory)
 
 GIB_PER_JOB = 2  # a paper-profile CIFAR run holds its dataset (~0.7 GiB as float) and models
 
@@ -61,8 +65,7 @@ def resolve_jobs(jobs, configs: list[RunConfig]) -> int:
     if isinstance(jobs, str) and jobs.strip().isdigit():
         jobs = int(jobs)
     if jobs == "auto":
-        from .gpu import device
-        if any(device(c.device).type != "cpu" for c in configs):
+        if any(gpu.device(c.device).type != "cpu" for c in configs):
             return 1  # one accelerator: runs would only queue for it
         jobs = min(cpu_cores(), max(1, int(_available_gib() // GIB_PER_JOB)))
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
@@ -79,9 +82,6 @@ def work(cfg: RunConfig) -> float:
     and to estimate what is left: per round, the participating share of the pool times local epochs (scaled by
     the algorithm's relative_cost), plus its server_work (FedDF's distillation: ordered by client work alone, its
     heterogeneous run started last and trained alone for 5 of PerFed-CKT's 14.6 minutes)."""
-    from ..algorithms import ALGORITHMS
-    from ..core.schedule import trained_share
-    from ..data.datasets import SPECS
     algo, spec = ALGORITHMS[cfg.algorithm], SPECS[cfg.dataset]
     pool = spec.n_train + (spec.n_test if "test" in cfg.pool else 0)
     local = trained_share(cfg) * cfg.subsample * pool * train_fraction(cfg) * cfg.local_epochs * \
@@ -170,13 +170,12 @@ def _serve() -> None:
     _die_with_parent()
     import torch
 
-    from .store import run
     torch.set_num_threads(int(os.environ.get("PFLREPRO_WORKER_THREADS", "1")))
     replies, sys.stdout = sys.stdout, sys.stderr  # anything a run prints goes to stderr
     for line in sys.stdin:
         task = json.loads(line)
         try:
-            run(task["config"], root=task["root"], progress=False)
+            store.run(task["config"], root=task["root"], progress=False)
             replies.write(json.dumps({"ok": True}) + "\n")
         except Exception:  # noqa: BLE001 - reported to the caller, which raises it
             replies.write(json.dumps({"error": traceback.format_exc()}) + "\n")
@@ -188,9 +187,8 @@ class GridFailed(RuntimeError):
     keep_going=False, were not started)."""
 
     def __init__(self, failed: list, total: int, root):
-        from .store import run_dir
         self.errors = [e for _, e in failed]
-        names = "; ".join(f"{run_dir(c, root).name}: {type(e).__module__}.{type(e).__qualname__}: "
+        names = "; ".join(f"{store.run_dir(c, root).name}: {type(e).__module__}.{type(e).__qualname__}: "
                           f"{str(e).strip().splitlines()[-1] if str(e).strip() else ''}" for c, e in failed)
         super().__init__(f"{len(failed)} of {total} runs failed: {names}")
 
@@ -203,7 +201,6 @@ def train_all(configs: list[RunConfig], root: Path | str | None, jobs: int, on_d
     (GridFailed; one failure alone is raised as itself). `progress`: a bar per run trained in this process."""
     import torch
 
-    from .store import run
     queue = sorted(configs, key=work, reverse=True)
     lock = threading.Lock()
     failed: list = []
@@ -236,7 +233,7 @@ def train_all(configs: list[RunConfig], root: Path | str | None, jobs: int, on_d
     try:
         for t in feeders:
             t.start()
-        loop(lambda c: run(c, root=root, progress=progress))
+        loop(lambda c: store.run(c, root=root, progress=progress))
         for t in feeders:
             t.join()
     except BaseException:  # e.g. KeyboardInterrupt in a notebook: stop the other runs now

@@ -10,6 +10,7 @@ import time
 import torch
 
 from ..core import engines
+from ..core.clock import forward_flops
 from ..core.context import Context
 from ..federation.config import RunConfig
 from ..paths import REPO_ROOT
@@ -36,7 +37,6 @@ def git_commit() -> dict:
 
 def model_flops(ctx: Context) -> int | None:
     """Forward FLOPs of one sample through the (first) model, by torch's FLOP counter."""
-    from ..core.clock import forward_flops
     try:
         return forward_flops(ctx.make_model(0).to(ctx.device), ctx.data.x[:1])
     except Exception:

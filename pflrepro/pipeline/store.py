@@ -53,9 +53,10 @@ from ..federation.config import RunConfig
 from ..params import ConfigError
 from ..paths import results_root, sweep_stale_tmp, write_atomic
 from . import gpu
-from .address import PACKAGE, RESULT_CODE, code_fingerprint, result_code, result_key, run_dir  # noqa: F401
-from .provenance import PIPELINE_OUTPUTS, git_commit, provenance  # noqa: F401
+from .address import code_fingerprint, PACKAGE, RESULT_CODE, result_code, result_key, run_dir  # noqa: F401
+from .locks import lock, unlock
 from .progress import HEARTBEAT, Heartbeat
+from .provenance import git_commit, PIPELINE_OUTPUTS, provenance  # noqa: F401
 
 METRICS = ("gm_acc", "pm_acc_mean", "pm_acc_weighted", "pm_acc_std", "pm_acc_min")
 OPTIONAL_METRICS = ("gm_local_acc_mean",)     # present when the config asks for them (`eval_gm_local`)
@@ -261,7 +262,6 @@ def _train_lock_file(path: Path) -> Path:
 def train_lock(path: Path) -> int | None:
     """Hold the run's training lock (one trainer per run, whichever process or driver started it): wait, saying so
     once, while another process trains it."""
-    from .locks import lock
     fd = lock(_train_lock_file(path), block=False)
     if fd is None:
         print(f"[pflrepro] run {path.name} is being trained by another process: waiting for it", file=sys.stderr,
@@ -400,7 +400,6 @@ def run(cfg: RunConfig | dict, *, root: Path | str | None = None, progress: bool
 
 
 def _locked(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult:
-    from .locks import unlock
     fd = train_lock(path)
     try:
         _pause("locked")
@@ -504,7 +503,6 @@ def prune_checkpoints(root: Path | str | None = None, dry_run: bool = False) -> 
     """Delete the checkpoints finished runs do not keep (`keeps_checkpoint`), e.g. in a store written before runs
     dropped them; unfinished runs keep theirs (they resume from it), and so does a run another process holds (its
     training lock: it may be training it again). Returns (files, bytes)."""
-    from .locks import lock, unlock
     base = Path(root) if root is not None else results_root() / "runs"
     n = size = 0
     for d in sorted(p for p in base.iterdir() if p.is_dir()) if base.exists() else []:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from ..data.partition import label_counts, plot_partition
+from ..federation.build import build_partition, raw_dataset
 
 def plot_curves(df: pd.DataFrame, metric: str = "pm_acc_mean", title: str = "", ylabel: str = "accuracy (%)",
                 x: str = "round"):
@@ -119,8 +121,6 @@ def plot_architectures(clients: pd.DataFrame, title: str = ""):
 
 def partition_figure(cfg, title: str | None = None):
     """The (clients x classes) bubble chart of a config's training partition (pFedSD Fig. 5)."""
-    from ..data.partition import label_counts, plot_partition
-    from ..federation.build import build_partition, raw_dataset
     raw = raw_dataset(cfg.dataset)
     y = (raw.pooled()[1] if cfg.pool == "train+test" else raw.y_train).numpy()
     split = build_partition(cfg)

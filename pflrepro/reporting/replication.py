@@ -34,10 +34,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from ..pipeline.store import git_commit
 from . import claims, forest, health, tier, verdicts
 from .html import to_html
-from .verdict_md import (FORKING_PATHS, _cell, _count_text, _counts, _duration, _md_table, claims_markdown,  # noqa: F401
-                         decide_markdown, forking_markdown, forking_paths)
+from .verdict_md import (_cell, claims_markdown, _count_text, _counts, decide_markdown, _duration, forking_markdown,
+                         FORKING_PATHS, forking_paths, _md_table)  # noqa: F401
 
 REPO_ROOT = claims.REPO_ROOT
 DVC_FILE = REPO_ROOT / "dvc.yaml"
@@ -410,7 +411,6 @@ def forests_markdown(papers: dict, out_dir: Path) -> str:
 
 
 def _git_now() -> str:
-    from ..pipeline.store import git_commit
     g = git_commit()
     return "unknown" if g["commit"] == "unknown" else g["commit"][:10] + ("+dirty" if g["dirty"] else "")
 
@@ -539,7 +539,6 @@ def run_cli(a) -> int:
     if getattr(a, "readme", None):
         import datetime
 
-        from ..pipeline.store import git_commit
         g = git_commit()
         stamp = (f"Measured by `dvc repro` at commit {g.get('commit', '?')[:10]}{' (dirty)' if g.get('dirty') else ''}, "
                  f"{datetime.date.today().isoformat()}; the full report: `results/report/report.html` after `dvc repro`.")

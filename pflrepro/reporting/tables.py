@@ -13,11 +13,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..core.clock import time_to
+from ..data.datasets import SPECS
 from ..paths import REPO_ROOT
-from ..pipeline.store import RunResult, git_commit
+from ..pipeline.store import git_commit, RunResult
 from . import health
-from .plots import (integer_ticks, partition_figure, plot_architectures, plot_client_distribution,  # noqa: F401
-                    plot_curves, plot_vs_paper, save, sns_theme)
+from .plots import (integer_ticks, partition_figure, plot_architectures, plot_client_distribution, plot_curves,
+                    plot_vs_paper, save, sns_theme)  # noqa: F401
 
 PAPER_DIR = REPO_ROOT / "paper_numbers"
 
@@ -262,7 +264,6 @@ def times_to_targets(results: dict, metric: str, targets, time_keys=("sim_time",
     """SCD Tables 4 and 9: per run, the first simulated time at which `metric` reaches each target (%), on
     each of the run's timelines (its own protocol, and the compute-and-wait / wait-free ones beside it).
     NaN: never reached (or that timeline is not defined: asynchronous runs have one)."""
-    from ..core.clock import time_to
     rows = []
     for (method, setting, seed), r in results.items():
         for target in targets:
@@ -485,7 +486,6 @@ def curves(results: dict, metric: str = "pm_acc_mean") -> pd.DataFrame:
 def client_curves(results: dict) -> pd.DataFrame:
     """Long-format per-client learning curves (personalized accuracy %, every evaluation): method, setting, seed,
     round, client, and the client's domain where the dataset has one per client (FedBSD Fig. 3)."""
-    from ..data.datasets import SPECS
     rows = []
     for (method, setting, seed), r in results.items():
         ds = r.config.dataset

@@ -18,7 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..federation.config import RunConfig
 from ..paths import REPO_ROOT
+from ..pipeline.experiments import read_params
+from ..pipeline.store import Damaged, verify
+from .verdicts import decide, Region, Sample
 
 TIER_ROOT = REPO_ROOT / "docs" / "device"
 # the paper's own method in each table the device check trains (scripts/gpu_check.py SLICES)
@@ -31,7 +35,6 @@ def paper_values(name: str) -> dict:
     where the table prints the GM and the PM, the PM)."""
     import pandas as pd
 
-    from ..pipeline.experiments import read_params
     table = read_params(name).get("paper_table")
     path = REPO_ROOT / "paper_numbers" / f"{table}.csv"
     if not table or not path.exists():
@@ -54,7 +57,6 @@ def paired_claims(rows: list[dict], curves: list[dict], metric: str) -> list[dic
     setting, method, seed, rounds planned, rounds done and paper value; `curves`: per evaluated round its method,
     seed, round and metric. Each pair is compared at the rounds both runs reached (the best round up to there: the
     papers' "best round"), so a run stopped by a lease is compared at its horizon, and the row says so."""
-    from .verdicts import Region, Sample, decide
     ref = PAPER_METHOD.get(rows[0]["table"], rows[0]["method"])
     planned = rows[0]["rounds"]
     if not any(r["method"] == ref for r in rows):
@@ -95,8 +97,6 @@ class Setting:
 
 def read_tier(root: Path = TIER_ROOT) -> tuple[list[Setting], list[str]]:
     """Every lease's verified records under `root`, per (lease, table, setting); and one line per record refused."""
-    from ..federation.config import RunConfig
-    from ..pipeline.store import Damaged, verify
     out, refused = [], []
     for index in sorted(Path(root).glob("*/runs/*/*/tier.json")):
         meta = json.loads(index.read_text())
