@@ -172,9 +172,14 @@ def _deps(name: str) -> list[str]:
     import yaml
     doc = yaml.safe_load((ROOT / "params" / f"{name}.yaml").read_text()) or {}
     chain = _params_chain(name)
-    deps = [f"notebooks/{name}.ipynb", *DRIVER, *RUN_LAYERS, *plugin_files([name]),
-            *(algorithm_files([name]) if trains(name) else []), "data/fmnist.pt", *([] if name in WHOLE_PARAMS else chain)]
-    if _paper(name) and trains(name):   # its runs are trained (or found) by the paper's train stage first
+    # A notebook whose runs its paper's train stage trains reads them through that stage's manifest: a change to the
+    # code in a run's address changes the runs' addresses, so the manifest, so this stage; one that trains its own
+    # (the example) or none depends on that code itself.
+    staged = bool(_paper(name) and trains(name))
+    deps = [f"notebooks/{name}.ipynb", *DRIVER, *plugin_files([name]),
+            *([] if staged else RUN_LAYERS + (algorithm_files([name]) if trains(name) else [])), "data/fmnist.pt",
+            *([] if name in WHOLE_PARAMS else chain)]
+    if staged:   # its runs are trained (or found) by the paper's train stage first
         deps.append(f"results/train/{_paper(name)}.json")
     tables = {doc.get("paper_table")} | {yaml.safe_load((ROOT / p).read_text()).get("paper_table") for p in chain}
     deps += sorted(f"paper_numbers/{t}.csv" for t in tables if t)

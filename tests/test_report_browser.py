@@ -60,7 +60,7 @@ return {width: window.innerWidth,
 def test_report_opens_with_its_verdicts_at_a_glance(tree, chromium, tmp_path):  # noqa: F811
     results, figures, _ = tree
     from pflrepro.reporting import claims
-    path = claims.CLAIMS_DIR / "fake_claims.yaml"          # a paragraph-long note, as the real papers' are
+    path = claims.loading.CLAIMS_DIR / "fake_claims.yaml"   # the fake paper's files (the `tree` fixture points it there)
     doc = yaml.safe_load(path.read_text())
     doc["scale_notes"]["mini"] = "Method two needs ten times the data. " + "More on the scale of this profile. " * 12
     path.write_text(yaml.safe_dump(doc))

@@ -101,7 +101,7 @@ def test_summarise_best_and_last10():
 def test_git_dirty_ignores_what_the_pipeline_rewrites(tmp_path, monkeypatch):
     """`dvc repro` rewrites dvc.lock, metrics/ and README's summary: a checkout is not called dirty for those,
     but is for any other tracked change (code, params, notebooks)."""
-    import pflrepro.pipeline.store as runs_mod
+    import pflrepro.pipeline.provenance as runs_mod   # git_commit lives there (store re-exports it)
 
     def git(*a):
         subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=tmp_path, check=True,
