@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from pflrepro.pipeline.experiments import read_params  # noqa: E402
+from pflrepro.pipeline.notebooks import params_chain  # noqa: E402
 from pflrepro.reporting.replication import PAPERS, _paper_of  # noqa: E402
 
 PARAMS = '''# Parameters (papermill injects overrides after this cell)
@@ -84,13 +85,7 @@ FIXED_STAGES = {
 
 
 def _params_chain(name: str) -> list[str]:
-    import yaml
-    out, cur = [], name
-    while cur:
-        out.append(f"params/{cur}.yaml")
-        doc = yaml.safe_load((ROOT / "params" / f"{cur}.yaml").read_text()) or {}
-        cur = doc.get("inherit") or (doc.get("source") if "profiles" not in doc else None)
-    return out
+    return [f"params/{n}.yaml" for n in params_chain(name, ROOT)]
 
 
 # Params files are stage deps as files (any change reruns the stage) and DVC params only for the `profile` key

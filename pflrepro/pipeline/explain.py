@@ -19,17 +19,7 @@ from ..federation.config import RunConfig
 from ..params import ConfigError
 from ..paths import REPO_ROOT
 from . import experiments
-
-
-def _chain(name: str) -> list[str]:
-    """The params files whose profiles `name` resolves, furthest ancestor first (`inherit:`, or `source:` without
-    profiles of its own)."""
-    out: list[str] = []
-    while name and name not in out:
-        out.append(name)
-        doc = yaml.safe_load((REPO_ROOT / "params" / f"{name}.yaml").read_text()) or {}
-        name = doc.get("inherit") or (doc.get("source") if "profiles" not in doc else None)
-    return out[::-1]
+from .notebooks import params_chain
 
 
 def _own(name: str, profile: str) -> dict:
@@ -49,11 +39,12 @@ def _nearest(chain: list[str], profile: str, *path) -> str:
 
 
 def layers(name: str, method: str, setting: str, profile: str | None = None,
-           overrides: dict | None = None) -> list[tuple[str, dict, bool]]:
+           overrides: dict | None = None, p: dict | None = None) -> list[tuple[str, dict, bool]]:
     """(origin, settings, a grid layer) of every layer of one run, first to last: the base of every file of the chain
-    (`read_params` merges them in this order, plainly), then the grid's layers (`experiments.grid`, by `merge_run`)."""
-    p = experiments.load_profile(name, profile)
-    prof, chain = p["profile"], _chain(name)
+    (`read_params` merges them in this order, plainly), then the grid's layers (`experiments.grid`, by `merge_run`).
+    `p`: the profile, when the caller has loaded it."""
+    p = p or experiments.load_profile(name, profile)
+    prof, chain = p["profile"], params_chain(name)[::-1]   # furthest ancestor first
     settings = p.get("settings") or {"default": {}}
     if setting not in settings:
         raise ConfigError(f"setting {setting!r}: params/{name}.yaml:{prof} has {', '.join(map(repr, settings))}")
@@ -92,17 +83,17 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def origins(name: str, method: str, setting: str, profile: str | None = None,
-            overrides: dict | None = None) -> list[tuple[str, object, str]]:
+            overrides: dict | None = None, p: dict | None = None) -> list[tuple[str, object, str]]:
     """(key, value, origin) of every setting of the run (its first seed), nested keys dotted (`hparams.tau`)."""
     where: dict[str, str] = {}
     merged: dict = {}
-    for origin, layer, of_grid in layers(name, method, setting, profile, overrides):
+    p = p or experiments.load_profile(name, profile)
+    for origin, layer, of_grid in layers(name, method, setting, profile, overrides, p):
         for rule in ("partition", "split") if of_grid else ():   # merge_run: a switched rule starts its params afresh
             if rule in layer and layer[rule] != merged.get(rule):
                 where = {k: o for k, o in where.items() if not k.startswith(f"{rule}_params.")}
         merged = experiments.merge_run(merged, layer) if of_grid else experiments.merge(merged, layer)
         where.update({k: origin for k in _flat(layer)})
-    p = experiments.load_profile(name, profile)
     grid = experiments.grid(p, overrides)
     cfg = next((c for (m, s, _), c in grid.items() if m == method and s == setting), None)
     if cfg is None:
@@ -133,7 +124,7 @@ def text(name: str, method: str | None = None, setting: str | None = None, profi
     p = experiments.load_profile(name, profile)
     method = method or next(iter(p["methods"]))
     setting = setting or next(iter(p.get("settings") or {"default": {}}))
-    rows = origins(name, method, setting, profile, overrides)
+    rows = origins(name, method, setting, profile, overrides, p)
     width = max(len(f"{k} = {v!r}") for k, v, _ in rows)
     head = (f"# {name} ({p['profile']}), method {method}, setting {setting!r}: each setting and the layer it comes "
             f"from (later layers override earlier ones; pflrepro/pipeline/explain.py)")

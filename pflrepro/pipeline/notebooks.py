@@ -59,16 +59,21 @@ def plan(names: list[str], root: Path = REPO_ROOT) -> tuple[dict[str, set[str]],
     return after, {n for n in names if keys[n].get("alone")}
 
 
-def profiles(name: str, root: Path = REPO_ROOT) -> set[str]:
-    """The profiles params/<name>.yaml defines, its own and those it inherits (`inherit:` / `source:`), read as YAML
-    only (a render must not import torch)."""
-    out, seen = set(), set()
-    while name and name not in seen and (root / "params" / f"{name}.yaml").exists():
-        seen.add(name)
+def params_chain(name: str, root: Path = REPO_ROOT) -> list[str]:
+    """The params files whose profiles `name` resolves, its own first, then what it inherits (`inherit:`, or `source:`
+    in a file without profiles of its own), read as YAML only (a render must not import torch); a cycle or a missing
+    file ends the chain (`experiments.read_params` refuses both)."""
+    out: list[str] = []
+    while name and name not in out and (root / "params" / f"{name}.yaml").exists():
+        out.append(name)
         doc = _keys(name, root)
-        out |= set(doc.get("profiles") or {})
         name = doc.get("inherit") or (doc.get("source") if "profiles" not in doc else None)
     return out
+
+
+def profiles(name: str, root: Path = REPO_ROOT) -> set[str]:
+    """The profiles params/<name>.yaml defines, its own and those it inherits."""
+    return set().union(*(set(_keys(n, root).get("profiles") or {}) for n in params_chain(name, root)))
 
 
 def check_profile(names: list[str], profile: str | None, root: Path = REPO_ROOT) -> None:
