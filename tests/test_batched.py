@@ -409,7 +409,8 @@ PLANNED = sorted(n for n, cls in ALGORITHMS.items() if uses_plans(cls.__new__(cl
 
 # extra settings per algorithm (kept cheap), and extra variants of the plan-based ones
 _HP = {"fedavg_ft": {"ft_epochs": 1}, "fedprox_ft": {"ft_epochs": 1}, "scaffold_ft": {"ft_epochs": 1},
-       "feddf": {"distill_steps": 3}}
+       "feddf": {"distill_steps": 3},
+       "fedala": {"num_pre_loss": 1}}     # round 2's first ALA stops after its second pass: 2 ALA calls, then training
 _EXTRA = {"feddf": {"public": {"size": 40}},     # algorithms that distil on an unlabeled public set
           # FedRep's round is many steps (head epochs, then the body) at momentum 0.9: at lr 0.05 the two engines'
           # float rounding (3e-7 on round 1's loss) grew to 3 % on round 2's on an AMD EPYC host (a near tie in
@@ -438,7 +439,7 @@ def _id(n, hp, kw):
 
 
 # a second plan after the first (`context.Then`: Ditto's and SCD's PM, FedRep's body): two batched calls a round
-_TWO_PHASE = {"ditto", "scd", "fedrep"}
+_TWO_PHASE = {"ditto", "scd", "fedrep", "fedala"}
 ROUND_CASES = ([pytest.param(n, _HP.get(n, {}), _EXTRA.get(n, {}), [4] * (4 if n in _TWO_PHASE else 2), id=n)
                 for n in PLANNED]
                + [pytest.param(n, hp, kw, [4] * (4 if n in _TWO_PHASE else 2), id=_id(n, hp, kw))

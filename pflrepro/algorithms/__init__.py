@@ -4,6 +4,7 @@ from .base import Algorithm, Update
 from .dcpfl import DCPFL
 from .ditto import Ditto
 from .fd import FD
+from .fedala import FedALA
 from .fedbabu import FedBABU
 from .fedbn import FedBN
 from .fedbsd import FedBSD
@@ -33,6 +34,7 @@ from .simple import FedAvgFT, FedProx, FedProxFT, Local
 ALGORITHMS = {cls.name: cls for cls in (Algorithm, Local, FedProx, FedAvgFT, FedPer, LGFedAvg, PFedSD,
                                            FedAvgLastLocal, PFedMe, FedFomo, DCPFL, FedGH, FedProto, FML, FedKD, FD,
                                            Ditto, FedAvgM, FedDyn, Scaffold, SCD, FedRep, FedRoD, FedBABU, FedBSD, FedBN,
-                                           PerFedCKT, FedDF, FedGen, HypCluster, PerFedAvg, FedProxFT, ScaffoldFT, FedPAC, L2GD, APFL)}
+                                           PerFedCKT, FedDF, FedGen, HypCluster, PerFedAvg, FedProxFT, ScaffoldFT, FedPAC, L2GD, APFL,
+                                           FedALA)}
 
 __all__ = ["ALGORITHMS", "Algorithm", "Update"]

@@ -20,9 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.aggregation import clone_state, state_bytes
+from ..core.clock import model_forward_flops
 from ..core.context import Plan
 from ..core.seeds import derive_seed
 from ..core.training import batchable
+from ..data.datasets import SPECS
+from ..data.models import build_model
 from ..params import MAX_STEPS, Param, check_params
 from .base import Algorithm
 
@@ -66,9 +69,6 @@ def fedgen_loss(m, x, y, aux):
 @functools.lru_cache(maxsize=16)
 def _dims(model: str, dataset: str) -> tuple:
     """(feature dim, classes, forward FLOPs of one image) of a registry model on a dataset."""
-    from ..core.clock import model_forward_flops
-    from ..data.datasets import SPECS
-    from ..data.models import build_model
     s = SPECS[dataset]
     with torch.random.fork_rng(devices=[]):
         d = build_model(model, s.channels, s.num_classes, s.size).head.in_features

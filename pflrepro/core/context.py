@@ -29,6 +29,14 @@ class Plan:
     lr: float | None = None                         # None: cfg.lr
     steps: int | None = None
     purpose: int = 0                                # seed stream (derive_seed(seed, rnd, k, purpose))
+    # For methods whose client step is not FedAvg's (docs/architecture.md, "Methods that do not fit"):
+    rows: torch.Tensor | None = None                # positions in the client's training data this plan trains on
+    #                                                 (FedALA's sample of it); None: all of them
+    shuffle: bool = True                            # False: batches in row order every epoch (no reshuffle)
+    update: Callable | None = None                  # a custom step replacing SGD (training.py, "a custom optimiser
+    #                                                 step"; e.g. a projected one); None: the run's SGD
+    update_state: dict = field(default_factory=dict)  # the custom step's tensors at the start (stats.update_state:
+    #                                                 at the end)
 
     def settings(self, cfg: "RunSettings") -> tuple[int, float]:
         """(epochs, lr) this plan trains with: its own where set, else the run's (the one place the rule is written:
@@ -124,7 +132,8 @@ class Context:
     def train(self, net: nn.Module, k: int, rnd: int, *, loss: LossFn = ce_loss,
               trainable: Callable[[str], bool] | None = None, epochs: int | None = None,
               lr: float | None = None, steps: int | None = None, data=None, purpose: int = 0,
-              aux: dict | None = None, per_sample: dict | None = None, batch_size: int | None = None) -> TrainStats:
+              aux: dict | None = None, per_sample: dict | None = None, batch_size: int | None = None,
+              shuffle: bool = True, update=None, update_state: dict | None = None) -> TrainStats:
         """Train `net` on client k's training data with the run's optimiser settings (`batch_size`: samples a
         step reads, default the run's; Per-FedAvg's step reads two or three batches)."""
         c = self.cfg
@@ -134,11 +143,18 @@ class Context:
                            lr=c.lr if lr is None else lr, momentum=c.momentum,
                            weight_decay=c.weight_decay, bias_decay=c.bias_decay, grad_clip=c.grad_clip, loss=loss,
                            trainable=trainable, seed=derive_seed(c.seed, rnd, k, purpose), steps=steps,
-                           aux=aux, per_sample=per_sample)
+                           aux=aux, per_sample=per_sample, shuffle=shuffle, update=update,
+                           update_state=update_state)
 
     def train_plan(self, net: nn.Module, k: int, rnd: int, plan: Plan) -> TrainStats:
         """The per-client path of a `Plan` (`net` already holds `plan.start`)."""
         epochs, lr = plan.settings(self.cfg)
+        data, per_sample = None, plan.per_sample
+        if plan.rows is not None:
+            x, y = self.data.client_train(k)
+            data = (x[plan.rows], y[plan.rows])
+            per_sample = {n: t[plan.rows] for n, t in per_sample.items()}
         return self.train(net, k, rnd, loss=plan.loss, trainable=plan.trainable, epochs=epochs,
-                          lr=lr, steps=plan.steps, purpose=plan.purpose, aux=plan.aux,
-                          per_sample=plan.per_sample)
+                          lr=lr, steps=plan.steps, purpose=plan.purpose, aux=plan.aux, data=data,
+                          per_sample=per_sample, shuffle=plan.shuffle, update=plan.update,
+                          update_state=plan.update_state)

@@ -166,9 +166,21 @@ def body_features(net: nn.Module, x: torch.Tensor, batch: int = EVAL_ROWS, state
 # ---------------------------------------------------------------- local training
 @dataclass
 class TrainStats:
-    loss: float
+    loss: float                     # mean over every sample trained on
     steps: int
     samples: int
+    last: float = float("nan")      # the last step's loss (FedALA's convergence test reads it)
+    update_state: dict | None = None  # a custom step's tensors at the end (`Step`; None: SGD)
+
+
+# ---------------------------------------------------------------- a custom optimiser step
+# `update(params, grads, state, aux) -> (params, state)` replaces SGD for a call (`local_train(update=...)`,
+# `Plan.update`): `params` and `grads` are one client's trainable parameters and their gradients by name, `state`
+# the step's own tensors (`Plan.update_state`, e.g. FedALA's aggregation weights), `aux` the plan's aux. It returns
+# the new parameters (the same names) and the new state, and owns the whole step: the run's momentum and weight decay
+# do not apply (gradient clipping does, before it). Written as pure tensor code (no in-place change of its inputs,
+# no `.item()`, no Python branch on a tensor's value), the batched engine runs it for many clients at once under
+# `torch.func.vmap`; a projection (a clamp, a norm ball) is such code.
 
 
 def decay_groups(names: list[str], weight_decay: float, bias_decay: bool) -> list[tuple[list[str], float]]:
@@ -209,8 +221,8 @@ def clip_grad_norm(params: list, max_norm: float) -> None:
 def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                 lr: float, momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
                 bias_decay: bool = True, loss: LossFn = ce_loss, trainable: Callable[[str], bool] | None = None,
-                seed: int = 0, steps: int | None = None,
-                aux: dict | None = None, per_sample: dict | None = None) -> TrainStats:
+                seed: int = 0, steps: int | None = None, aux: dict | None = None, per_sample: dict | None = None,
+                shuffle: bool = True, update=None, update_state: dict | None = None) -> TrainStats:
     """The local-training primitive: SGD on (x, y) minimising `loss(net, xb, yb)`.
 
     `trainable(name)` selects the parameters that move (others are frozen for this call);
@@ -222,9 +234,12 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
     the head on them: the same batches, order and optimiser, one forward pass of the body instead of one a step.
     A batchable loss term (`batchable`) is called `loss(ModelView(net), xb, yb, aux_b)` instead,
     with aux_b = `aux` plus the batch's rows of each `per_sample` tensor.
+    `shuffle=False` takes the batches in row order every epoch (a `DataLoader` without shuffling); `update` replaces
+    SGD by a custom step (see "a custom optimiser step" above) starting from `update_state`; the stats carry its
+    final state.
     `pflrepro.core.engines.many.local_train_many` is the same primitive for many clients at once.
     """
-    head = head_only(net, trainable, loss, per_sample)
+    head = head_only(net, trainable, loss, per_sample) if (shuffle and update is None) else None
     if head is not None and len(y):
         net.train()
         return local_train(head, body_features(net, x), y, epochs=epochs, batch_size=batch_size, lr=lr,
@@ -238,22 +253,24 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
     groups = [{"params": [p for n, p in named if n in g], "weight_decay": wd}
               for g, wd in decay_groups([n for n, _ in named], weight_decay, bias_decay)]
     opt = torch.optim.SGD(groups if params else params, lr=lr, momentum=momentum, weight_decay=weight_decay,
-                          **sgd_kernel(params))
+                          **sgd_kernel(params)) if update is None else None
+    ustate = dict(update_state or {})
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # dropout / stochastic layers: per-client, per-round stream
     net.train()
     n = len(y)
-    total, count, done = 0.0, 0, 0
+    total, count, done, v = 0.0, 0, 0, float("nan")
     view = ModelView(net) if is_batchable(loss) else None
     aux, per_sample = aux or {}, per_sample or {}
     x = cpu_layout(x, net)
     try:
         for _ in range(epochs if steps is None else 10**9):
-            order = torch.randperm(n, generator=gen).to(x.device)
+            order = (torch.randperm(n, generator=gen) if shuffle else torch.arange(n)).to(x.device)
             for s in range(0, n, batch_size):
                 idx = order[s:s + batch_size]
                 xb, yb = x[idx], y[idx]
-                opt.zero_grad(set_to_none=True)
+                for p in params:
+                    p.grad = None
                 if view is not None:
                     value = loss(view, xb, yb, {**aux, **{n_: t[idx] for n_, t in per_sample.items()}}
                                  if per_sample else aux)
@@ -266,18 +283,31 @@ def local_train(net: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int
                 value.backward()
                 if grad_clip > 0:
                     clip_grad_norm(params, grad_clip)
-                opt.step()
+                if opt is not None:
+                    opt.step()
+                else:
+                    ustate = _custom_step(update, named, ustate, aux)
                 total += v * len(yb)
                 count += len(yb)
                 done += 1
                 if steps is not None and done >= steps:
-                    return TrainStats(total / max(count, 1), done, count)
-            if steps is not None and n == 0:
+                    break
+            if steps is not None and (n == 0 or done >= steps):
                 break
     finally:
         for p in frozen:
             p.requires_grad_(True)
-    return TrainStats(total / max(count, 1), done, count)
+    return TrainStats(total / max(count, 1), done, count, v, ustate if update is not None else None)
+
+
+@torch.no_grad()
+def _custom_step(update, named: list, state: dict, aux: dict) -> dict:
+    """One custom step (`update`) of the parameters `named` in place; returns the step's new state."""
+    new, state = update({n: p.detach() for n, p in named},
+                        {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in named}, state, aux)
+    for n, p in named:
+        p.copy_(new[n])
+    return state
 
 
 @torch.no_grad()

@@ -63,8 +63,9 @@ def group_key(ctx: Context, k: int, plan: Plan):
     names = [n for n, _ in ctx.model(k).named_parameters()]
     tr = None if plan.trainable is None else frozenset(n for n in names if plan.trainable(n))
     try:
-        return (ctx.arch(k), plan.loss, tr, plan.epochs, plan.lr, plan.purpose,   # steps may differ per client
-                _signature(plan.start), _signature(plan.aux), _signature(plan.per_sample, rows=True))
+        return (ctx.arch(k), plan.loss, tr, plan.epochs, plan.lr, plan.purpose,   # steps and rows may differ per client
+                _signature(plan.start), _signature(plan.aux), _signature(plan.per_sample, rows=True),
+                plan.shuffle, plan.update, _signature(plan.update_state))
     except NotBatchable:
         return None
 
@@ -192,7 +193,7 @@ def _train_singles(ctx: Context, rnd: int, singles: list[int], plans: dict, on_t
 
 def _work_seconds(ctx: Context, k: int, plan: Plan) -> float:
     """Client k's training under `plan` at one thread, estimated (`forked.work_seconds`)."""
-    n, B, spec = len(ctx.data.train[k]), ctx.cfg.batch_size, ctx.data.spec
+    n, B, spec = len(plan_rows(ctx, k, plan)), ctx.cfg.batch_size, ctx.data.spec
     epochs = plan.settings(ctx.cfg)[0]
     steps = math.ceil(n / B) * epochs if plan.steps is None else plan.steps
     flops = model_forward_flops(ctx.arch(k), spec.channels, spec.num_classes, spec.size)
@@ -207,6 +208,7 @@ def stack_key(ctx: Context, k: int, plan: Plan) -> tuple:
     gk = list(group_key(ctx, k, plan))
     gk[1] = getattr(gk[1], "__func__", gk[1])     # the loss's code
     gk[5] = None                                  # purpose: a seed stream, per client
+    gk[10] = getattr(gk[10], "__func__", gk[10])  # the custom step's code
     x = ctx.data.x
     return (together.config_signature(ctx.cfg), tuple(gk), str(x.device), x.dtype, tuple(x.shape[1:]),
             *plan.settings(ctx.cfg))
@@ -223,9 +225,9 @@ def train_items(items: list[tuple]) -> list:
     ctx, rnd, k0, p0 = items[0]
     c = ctx.cfg
     if len({id(it[0].data.x) for it in items}) == 1:
-        x, y, index = ctx.data.x, ctx.data.y, [ctx.data.train[k] for _, _, k, _ in items]
+        x, y, index = ctx.data.x, ctx.data.y, [plan_rows(ctx, k, p) for _, _, k, p in items]
     else:
-        rows = [it[0].data.train[it[2]] for it in items]
+        rows = [plan_rows(it[0], it[2], it[3]) for it in items]
         x = torch.cat([it[0].data.x[r] for it, r in zip(items, rows)])
         y = torch.cat([it[0].data.y[r] for it, r in zip(items, rows)])
         ends = np.cumsum([0] + [len(r) for r in rows])
@@ -235,4 +237,16 @@ def train_items(items: list[tuple]) -> list:
         epochs=p0.settings(c)[0], batch_size=c.batch_size, lr=p0.settings(c)[1], momentum=c.momentum, weight_decay=c.weight_decay, bias_decay=c.bias_decay,
         grad_clip=c.grad_clip, loss=p0.loss, trainable=p0.trainable,
         seeds=[derive_seed(it.cfg.seed, r, k, p.purpose) for it, r, k, p in items], steps=[p.steps for *_, p in items],
-        aux=[p.aux for *_, p in items], per_sample=[p.per_sample for *_, p in items])
+        aux=[p.aux for *_, p in items], per_sample=[_sample_rows(p) for *_, p in items], shuffle=p0.shuffle,
+        update=p0.update, update_state=[p.update_state for *_, p in items])
+
+
+def plan_rows(ctx: Context, k: int, plan: Plan) -> torch.Tensor:
+    """The rows of the run's data tensors that client k's `plan` trains on (`Plan.rows` of its training data)."""
+    rows = ctx.data.train[k]
+    return rows if plan.rows is None else rows[plan.rows.to(rows.device)]
+
+
+def _sample_rows(plan: Plan) -> dict:
+    """The plan's per-sample tensors, restricted to its `rows`."""
+    return plan.per_sample if plan.rows is None else {n: t[plan.rows] for n, t in plan.per_sample.items()}

@@ -225,7 +225,7 @@ class _Schedule:
     active: np.ndarray
 
 
-def _schedule(index: list, seeds: list, *, epochs: int, batch_size: int, steps) -> _Schedule:
+def _schedule(index: list, seeds: list, *, epochs: int, batch_size: int, steps, shuffle: bool = True) -> _Schedule:
     C, B = len(index), batch_size
     n = [int(len(ix)) for ix in index]
     spe = [math.ceil(m / B) for m in n]
@@ -244,7 +244,7 @@ def _schedule(index: list, seeds: list, *, epochs: int, batch_size: int, steps) 
         sizes = np.full(spe[i], B, dtype=np.int64)
         sizes[-1] = n[i] - (spe[i] - 1) * B
         for e in range(math.ceil(T[i] / spe[i])):
-            perm = torch.randperm(n[i], generator=gen)
+            perm = torch.randperm(n[i], generator=gen) if shuffle else torch.arange(n[i])
             t0, m = e * spe[i], min(spe[i], T[i] - e * spe[i])
             padded = torch.cat([perm, perm.new_zeros(spe[i] * B - n[i])]).view(spe[i], B)
             loc_all[r, t0:t0 + m] = padded[:m]
@@ -266,9 +266,10 @@ class _Stack:
     aux_dims: dict
     PS: dict           # per-sample tensors, padded to the longest client
     ps_names: list
+    UST: dict          # a custom step's state (`Plan.update_state`), one row a client
 
 
-def _stack(starts, order, train_names, frozen_names, names_b, aux, per_sample, momentum, dev) -> _Stack:
+def _stack(starts, order, train_names, frozen_names, names_b, aux, per_sample, momentum, dev, ustates) -> _Stack:
     st = [starts[i] for i in order]
     P = {nm: torch.stack([s[nm].detach().to(dev) for s in st]).contiguous() for nm in train_names}
     FZ, fz_dims = _stack_tree([{nm: s[nm] for nm in frozen_names} for s in st], dev)
@@ -277,7 +278,8 @@ def _stack(starts, order, train_names, frozen_names, names_b, aux, per_sample, m
     AUX, aux_dims = _stack_tree([aux[i] for i in order], dev)
     ps_names = list(per_sample[0])
     PS = {nm: _pad_rows([per_sample[i][nm] for i in order], dev) for nm in ps_names}
-    return _Stack(P, FZ, fz_dims, BUF, MOM, AUX, aux_dims, PS, ps_names)
+    UST = _stack_tree([ustates[i] for i in order], dev, share=False)[0] if ustates else {}
+    return _Stack(P, FZ, fz_dims, BUF, MOM, AUX, aux_dims, PS, ps_names, UST)
 
 
 def losses_and_grads(losses, params: dict, *args, extra: tuple = ()):
@@ -401,8 +403,9 @@ def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: 
                      index: list[torch.Tensor], *, epochs: int, batch_size: int, lr: float,
                      momentum: float = 0.0, weight_decay: float = 0.0, grad_clip: float = 0.0,
                      bias_decay: bool = True, loss=ce_loss, trainable=None, seeds: list[int],
-                     steps: int | list | None = None,
-                     aux: list[dict] | None = None, per_sample: list[dict] | None = None) -> list[tuple[dict, TrainStats]]:
+                     steps: int | list | None = None, aux: list[dict] | None = None,
+                     per_sample: list[dict] | None = None, shuffle: bool = True, update=None,
+                     update_state: list[dict] | None = None) -> list[tuple[dict, TrainStats]]:
     """`training.local_train` for C clients at once (see the module docstring).
 
     `module` gives the architecture only (its own weights are not used or changed); client i
@@ -411,20 +414,24 @@ def local_train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: 
     `steps` (one for all, or a list: one per client, None = `epochs`) caps each client's steps.
     Returns, per client, its final state dict (views into the stacked tensors: clone what you keep)
     and its TrainStats. A call that moves only the head over a fixed body (`training.head_only`) trains the heads
-    on the body's features, computed once per client (`_head_only_many`), as `local_train` does."""
+    on the body's features, computed once per client (`_head_only_many`), as `local_train` does. `shuffle`,
+    `update` and `update_state` (one dict a client) as `local_train`'s: a custom step runs `vmap`ped over the
+    clients."""
     if not is_batchable(loss):
         raise NotBatchable("the loss term is not batchable (see training.batchable)")
     kw = dict(epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay,
               grad_clip=grad_clip, bias_decay=bias_decay, seeds=seeds, steps=steps, aux=aux)
     head = head_only(module, trainable, loss, per_sample is not None and any(per_sample))
-    if head is not None and all(len(i) for i in index):
+    if head is not None and all(len(i) for i in index) and shuffle and update is None:
         return _head_only_many(module, head, starts, x, y, index, **kw)
-    return _train_many(module, starts, x, y, index, loss=loss, trainable=trainable, per_sample=per_sample, **kw)
+    return _train_many(module, starts, x, y, index, loss=loss, trainable=trainable, per_sample=per_sample,
+                       shuffle=shuffle, update=update, update_state=update_state, **kw)
 
 
 def _train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch.Tensor, index: list[torch.Tensor],
                 *, epochs: int, batch_size: int, lr: float, momentum: float, weight_decay: float, grad_clip: float,
-                bias_decay: bool, loss, trainable, seeds: list[int], steps, aux, per_sample) -> list:
+                bias_decay: bool, loss, trainable, seeds: list[int], steps, aux, per_sample, shuffle: bool = True,
+                update=None, update_state=None) -> list:
     """`local_train_many`'s general path: every step of every client through the whole module."""
     C, dev = len(starts), x.device
     aux = aux if aux is not None else [{} for _ in range(C)]
@@ -433,14 +440,16 @@ def _train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch
     train_names = [n for n in names_p if trainable is None or trainable(n)]
     frozen_names = [n for n in names_p if not (trainable is None or trainable(n))]
     # ---- schedule: per client, the batches local_train would take, in the same order
-    sch = _schedule(index, seeds, epochs=epochs, batch_size=batch_size, steps=steps)
+    sch = _schedule(index, seeds, epochs=epochs, batch_size=batch_size, steps=steps, shuffle=shuffle)
     sch.idx = sch.idx.to(dev)
     # ---- stacked state (in `order`)
     S = _stack(starts, sch.order, train_names, frozen_names, [n for n, _ in module.named_buffers()], aux,
-               per_sample, momentum, dev)
+               per_sample, momentum, dev, update_state if update is not None else None)
     groups = decay_groups(list(S.P), weight_decay, bias_decay)
     tot = torch.zeros(C, dtype=torch.float64, device=dev)
+    last = torch.full((C,), float("nan"), dtype=torch.float64, device=dev)
     cnt = np.zeros(C, dtype=np.int64)
+    step = _CustomStep(update, S) if update is not None else None
     # ---- one step of one client, vmapped over clients; then one SGD update of the stacked tensors
     grads = _Gradients(module, loss, S, sch, x, y, seeds)
     bad = torch.zeros((), dtype=torch.bool, device=dev)
@@ -455,9 +464,13 @@ def _train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch
             else:
                 bad |= ~torch.isfinite(vals).all()
             tot[:A] += vals.double() * nb
+            last[:A] = vals.double()
             cnt[:A] += sizes
             if grad_clip > 0:
                 _clip(G, A, grad_clip)
+            if step is not None:
+                step(A, G)
+                continue
             for names, wd in groups:    # one group (every parameter) unless biases are exempt
                 sgd_update([S.P[nm][:A] for nm in names], [G[nm] for nm in names],
                            [S.MOM[nm][:A] for nm in names] if momentum else [],
@@ -466,7 +479,27 @@ def _train_many(module: nn.Module, starts: list[dict], x: torch.Tensor, y: torch
         raise Divergence("a loss became non-finite during batched local training: the run diverged "
                          "(lower the learning rate, or check the loss term)")
     # ---- per client: its state (views into the stack) and its statistics
-    return _unstack(module, S, sch, tot.cpu().tolist(), cnt)
+    return _unstack(module, S, sch, tot.cpu().tolist(), cnt, last.cpu().tolist(), step is not None)
+
+
+class _CustomStep:
+    """A custom step (`training`, "a custom optimiser step") of the active prefix of stacked clients: `vmap`ped over
+    them, each with its own parameters, gradients, step state and aux rows (a leaf shared by every client stays
+    unbatched)."""
+
+    def __init__(self, update, S: _Stack):
+        self.S = S
+        self.call = vmap(update, in_dims=(0, 0, 0, S.aux_dims))
+
+    @torch.no_grad()
+    def __call__(self, A: int, G: dict) -> None:
+        S = self.S
+        new, state = self.call({nm: t[:A] for nm, t in S.P.items()}, G, {nm: t[:A] for nm, t in S.UST.items()},
+                               _take(S.AUX, S.aux_dims, slice(0, A)))
+        for nm, t in S.P.items():
+            t[:A].copy_(new[nm])
+        for nm, t in S.UST.items():
+            t[:A].copy_(state[nm])
 
 
 def _head_only_many(module: nn.Module, head: nn.Module, starts: list[dict], x: torch.Tensor, y: torch.Tensor,
@@ -488,7 +521,8 @@ def _head_only_many(module: nn.Module, head: nn.Module, starts: list[dict], x: t
             for s, (h, st) in zip(starts, out)]
 
 
-def _unstack(module: nn.Module, S: _Stack, sch: _Schedule, tot: list, cnt: np.ndarray) -> list:
+def _unstack(module: nn.Module, S: _Stack, sch: _Schedule, tot: list, cnt: np.ndarray, last: list,
+             custom: bool) -> list:
     out = []
     for i in range(len(sch.T)):
         r = sch.rank[i]
@@ -501,7 +535,8 @@ def _unstack(module: nn.Module, S: _Stack, sch: _Schedule, tot: list, cnt: np.nd
             else:
                 state[nm] = _row(S.FZ[nm], S.fz_dims[nm], r)
         c = int(cnt[r])
-        out.append((state, TrainStats(tot[r] / max(c, 1), sch.T[i], c)))
+        ust = {nm: t[r] for nm, t in S.UST.items()} if custom else None
+        out.append((state, TrainStats(tot[r] / max(c, 1), sch.T[i], c, last[r], ust)))
     return out
 
 
