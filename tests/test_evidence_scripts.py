@@ -94,3 +94,33 @@ def test_noise_decomposition_reads_paired_differences():
     p, q = 0.81, 0.80
     assert abs(t.loc["order", "sd_test_binomial"] - 100 * np.sqrt((p * (1 - p) + q * (1 - q)) / 400)) < 1e-9
     assert abs(noise.detectable(1.0, 3) - (2.919986 + 1.060660) / np.sqrt(3)) < 1e-4
+
+
+def test_design_configs_change_one_thing_each_on_pilot_seeds():
+    """scripts/evidence/design.py (issue 54's design table): every design is the setting with one change, at ordinary
+    pilot seeds (no stream pinned); a design the setting already has is reported, not run."""
+    design = _script("design")
+    cfgs, skipped = design.configs("pfedsd_table2", "pfedsd", ["fedper"], list(design.DESIGNS), 2, 2000,
+                                   profile="smoke")
+    base = cfgs[("base", "fedper", 2000)]
+    assert base.seed == 2000 and base.seeds == {} and cfgs[("base", "pfedsd", 2001)].seed == 2001
+    for d, change in (("clients_x2", {"n_clients": 2 * base.n_clients}), ("rounds_x2", {"rounds": 2 * base.rounds})):
+        assert cfgs[(d, "fedper", 2000)].to_dict() == {**base.to_dict(), **change}
+    assert ("full" in skipped) == (base.participation >= 1.0)
+
+
+def test_design_summary_pairs_by_seed_and_prices_a_seed():
+    """Hand-made results: the reference leads by (1, 2, 3) at three seeds, each seed's two runs cost 30 + 30 s: SD 1,
+    a seed 60 s, so a 3-minute budget buys 3 seeds and the detectable effect there is the 3-seed one."""
+    import types
+
+    import numpy as np
+    design = _script("design")
+    res = {}
+    for s, lead in zip((7, 8, 9), (1, 2, 3)):
+        for m, acc in (("a", 0.80 + lead / 100), ("b", 0.80)):
+            res[("base", m, s)] = types.SimpleNamespace(metric=lambda _, acc=acc: np.array([acc - 0.1, acc]),
+                                                        provenance={"wall_seconds": 30.0})
+    t = design.summarize(res, "a", "pm_acc_mean", budget_min=3.0).iloc[0]
+    assert t.comparison == "a - b" and t.seeds == 3 and abs(t.mean_diff - 2) < 1e-9 and abs(t.sd_diff - 1) < 1e-9
+    assert t.cpu_s_per_seed == 60 and t.seeds_in_budget == 3 and t.mde_budget == t.mde_3 == design.noise.detectable(1.0, 3)
