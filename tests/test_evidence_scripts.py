@@ -104,7 +104,8 @@ def test_design_configs_change_one_thing_each_on_pilot_seeds():
                                    profile="smoke")
     base = cfgs[("base", "fedper", 2000)]
     assert base.seed == 2000 and base.seeds == {} and cfgs[("base", "pfedsd", 2001)].seed == 2001
-    for d, change in (("clients_x2", {"n_clients": 2 * base.n_clients}), ("rounds_x2", {"rounds": 2 * base.rounds})):
+    for d, change in (("clients_x2", {"n_clients": 2 * base.n_clients}), ("rounds_x2", {"rounds": 2 * base.rounds}),
+                      ("rounds_half", {"rounds": base.rounds // 2})):
         assert cfgs[(d, "fedper", 2000)].to_dict() == {**base.to_dict(), **change}
     assert ("full" in skipped) == (base.participation >= 1.0)
 
@@ -124,3 +125,16 @@ def test_design_summary_pairs_by_seed_and_prices_a_seed():
     t = design.summarize(res, "a", "pm_acc_mean", budget_min=3.0).iloc[0]
     assert t.comparison == "a - b" and t.seeds == 3 and abs(t.mean_diff - 2) < 1e-9 and abs(t.sd_diff - 1) < 1e-9
     assert t.cpu_s_per_seed == 60 and t.seeds_in_budget == 3 and t.mde_budget == t.mde_3 == design.noise.detectable(1.0, 3)
+
+
+def test_stage_cost_counts_a_shared_run_once_and_prices_missing_seeds():
+    """scripts/evidence/stage_cost.py: two stages reading the same run count it once; a claimed one-seed stage at a
+    3-seed target adds two runs priced at its stored seed's wall time; an unclaimed stage adds nothing."""
+    sc = _script("stage_cost")
+    a, b = '{"algorithm": "a"}', '{"algorithm": "b"}'
+    stages = {"t1": [(a, 0, 10.0, "r1"), (a, 1, 20.0, "r2"), (a, 2, 30.0, "r3")], "t2": [(a, 0, 10.0, "r1")],
+              "f1": [(b, 0, 7.0, "r4")], "x": [('{"algorithm": "c"}', 0, 99.0, "r5")]}
+    rows, tot = sc.cost_table(stages, {"t1", "t2", "f1"}, 3)
+    assert tot["distinct_runs"] == 5 and tot["cpu_s_now"] == 10 + 20 + 30 + 7 + 99
+    assert tot["runs_added"] == 2 and tot["cpu_s_added"] == 14.0
+    assert {r["stage"]: r["cpu_s_per_seed"] for r in rows} == {"t1": 20.0, "t2": 10.0, "f1": 7.0, "x": 99.0}
