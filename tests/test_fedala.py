@@ -197,3 +197,28 @@ def test_every_client_keeps_its_trained_model_and_weights_in_the_unit_box():
         assert set(c["W"]) == set(higher) and set(c["params"]) == set(ctx.init_state)
         for w in c["W"].values():
             assert 0 <= w.min() and w.max() <= 1 and (w < 1).any()      # learned, projected
+
+
+def test_a_custom_step_reads_aux_shared_by_every_client():
+    """Clients whose aux tensors are the very same objects (two never-trained clients: theta_l is the initial model)
+    get them unbatched inside the step's `vmap`; the result equals each client alone."""
+    torch.manual_seed(0)
+    net = nn.Linear(5, 3)
+    local = {n: torch.randn(p.shape) for n, p in net.named_parameters()}
+    aux = {"local": local, "diff": {n: torch.randn(t.shape) for n, t in local.items()}}
+    algo = _algo()
+    step = lambda p, g, s, a: FedALA.ala_step(algo, p, g, s, a)          # noqa: E731
+    W = [{n: torch.ones_like(t) for n, t in local.items()} for _ in range(2)]
+    start = {n: local[n] + aux["diff"][n] for n in local}
+    x, y = torch.randn(20, 5), torch.randint(0, 3, (20,))
+    index = [torch.arange(0, 9), torch.arange(9, 20)]
+    out = local_train_many(net, [start, start], x, y, index, epochs=2, batch_size=4, lr=0.0, seeds=[1, 2],
+                           shuffle=False, update=step, update_state=W, aux=[aux, aux])
+    for i, (state, stats) in enumerate(out):
+        alone = nn.Linear(5, 3)
+        alone.load_state_dict(start)
+        st = local_train(alone, x[index[i]], y[index[i]], epochs=2, batch_size=4, lr=0.0, seed=i + 1, shuffle=False,
+                         update=step, update_state=W[i], aux=aux)
+        for n, t in alone.state_dict().items():
+            assert torch.equal(state[n], t) and torch.equal(stats.update_state[n], st.update_state[n])
+        assert not torch.equal(stats.update_state["weight"], W[i]["weight"])       # W moved
