@@ -176,8 +176,10 @@ def test_two_processes_on_one_config_train_it_once(tmp_path, clean):
     """Two `run`s of one config at once: one trains, the other waits for it (saying so) and serves its result."""
     env = {**os.environ, "PFLREPRO_RESULTS": str(tmp_path)}
     cmd = [sys.executable, "-m", "pflrepro", "run", "--quiet", *_cli_args(), "rounds=6"]
-    first = subprocess.Popen(cmd, env={**env, "PFLREPRO_PAUSE_AFTER_CHECKPOINT": "1"}, cwd=REPO_ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)   # >= 6 s of training
+    # >= 18 s of training: the second process must start (import torch, build its config) while the first still
+    # trains, also on a loaded machine (at 1 s a round, a CI run beside two background jobs found it finished)
+    first = subprocess.Popen(cmd, env={**env, "PFLREPRO_PAUSE_AFTER_CHECKPOINT": "3"}, cwd=REPO_ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lock = S.run_dir(RunConfig.from_dict({**CFG, "rounds": 6}), tmp_path / "runs")
     deadline = time.monotonic() + 120
     while not (lock / "progress.json").exists() and time.monotonic() < deadline:   # the first is in round 1
