@@ -141,14 +141,9 @@ def main(argv=None) -> None:
     results = experiments.run_grid(cfgs, progress="log", jobs=a.jobs, name=f"design {a.table}")
     if a.summarize:
         table = summarize(results, a.reference, a.metric, a.budget_min)
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        stem = f"{a.table}_{a.reference}"
-        table.to_csv(out / f"{stem}.csv", index=False)
         title = (f"{a.table} ({a.profile or 'default profile'}, {a.setting or 'first setting'}), pilot seeds "
                  f"{a.base_seed}-{a.base_seed + a.seeds - 1}, metric {a.metric}")
-        (out / f"{stem}.md").write_text(markdown(table, skipped, title, a.budget_min))
-        print((out / f"{stem}.md").read_text())
+        noise.write_summary(Path(a.out), f"{a.table}_{a.reference}", table, markdown(table, skipped, title, a.budget_min))
 
 
 if __name__ == "__main__":

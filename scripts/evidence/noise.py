@@ -179,6 +179,14 @@ def markdown(table: pd.DataFrame, rows: pd.DataFrame, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_summary(out: Path, stem: str, table: pd.DataFrame, text: str) -> None:
+    """<stem>.csv (the table) and <stem>.md (`text`) in `out`, and the markdown printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / f"{stem}.csv", index=False)
+    (out / f"{stem}.md").write_text(text)
+    print(text)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("table")
@@ -207,14 +215,9 @@ def main(argv=None) -> None:
     if a.summarize:
         rows = rows_of(results, a.metric, a.last)
         table = decompose(rows, a.reference)
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        stem = f"{a.table}_{a.reference}"
-        table.to_csv(out / f"{stem}.csv", index=False)
         title = (f"{a.table} ({a.profile or 'default profile'}), pilot seeds {a.base_seed}+, {a.draws} draws, "
                  f"metric {a.metric}")
-        (out / f"{stem}.md").write_text(markdown(table, rows, title))
-        print((out / f"{stem}.md").read_text())
+        write_summary(Path(a.out), f"{a.table}_{a.reference}", table, markdown(table, rows, title))
 
 
 if __name__ == "__main__":
