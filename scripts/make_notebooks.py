@@ -232,7 +232,8 @@ def dvc_yaml_text() -> str:
                "metrics/report.json",
         "deps": ["pflrepro/reporting/claims", "pflrepro/reporting/forest.py", "pflrepro/reporting/health.py",
                  "pflrepro/reporting/replication.py", "pflrepro/reporting/tier.py", "pflrepro/reporting/verdicts.py",
-                 "paper_numbers", "docs/device"]   # docs/device: the paper-scale tier's run records (reporting/tier.py)
+                 "paper_numbers", "docs/device",   # docs/device: the paper-scale tier's run records (reporting/tier.py)
+                 "docs/evidence/kernel_paths"]     # the kernel-path check (reporting/claims/kernel.py)
                 + [f"results/{n}" for n in papers] + [f"figures/{n}" for n in papers],
         "outs": ["results/report"],
         "metrics": [{"metrics/report.json": {"cache": False}}],   # the verdicts per paper, compact

@@ -11,7 +11,13 @@ change of the computation fails. On any other machine the rounding of a tiny run
 about 1e-5 relative and an accuracy by a test image (measured 2026-11-28 on an AVX-512 AMD EPYC against the first
 file: FedPer's round-2 train loss 1.6e-5 relative, its global accuracy one image of 150), so there the metrics
 must agree with every file to 1e-3 relative on losses, 0.05 on accuracies and exactly on bytes: a changed loss term,
-data order, sampling or aggregation still fails. `python -m tests.test_golden --write` adds this machine's file."""
+data order, sampling or aggregation still fails. `python -m tests.test_golden --write` adds this machine's file.
+
+Most of that machine-to-machine rounding is ATen's own kernels (their CPU capability, AVX2 or AVX512), not oneDNN's
+or MKL's: on the AVX-512 EPYC, with `ATEN_CPU_CAPABILITY=avx2` the first file's metrics come back to 5e-8 relative
+(FedPer's round-2 loss 3e-8, its accuracy exact), against 1.6e-5 and one test image on the default AVX512 kernels;
+limiting oneDNN and MKL to AVX2 as well (`ONEDNN_MAX_CPU_ISA`, `MKL_ENABLE_INSTRUCTIONS`) brings the difference back
+(measured 2026-11-29; docs/evidence.md, "Kernel paths")."""
 import hashlib
 import json
 import sys

@@ -52,6 +52,7 @@ def test_two_jobs_give_the_same_bits_as_one_after_another_at_the_same_threads(tm
     for k in grid:
         assert read_metrics(par[k].path) == read_metrics(seq[k].path), k
         assert par[k].provenance["torch_threads"] == threads
+        assert par[k].provenance["cpu_capability"] == torch.backends.cpu.get_cpu_capability()   # the kernels it ran
     assert read_metrics(par[("fedavg", "s", 0)].path) != read_metrics(par[("fedavg", "s", 1)].path)  # seeds matter
 
 

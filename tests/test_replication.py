@@ -188,9 +188,9 @@ def test_run_health_lists_each_flagged_run_once_with_its_stages(tree):
         df.to_csv(results / name / "runs.csv", index=False)
     md = replication.write_report(results, figures, results / "report")["markdown"].read_text()
     assert md.count("**Run health:** 1 of 3 runs flagged") == 1               # the fake paper: m1-a, m2-b, m3-c
-    assert re.search(r"\| \[fake\]\(#paper-fake\) \| mini \| 2 \| 2 \| 0 \| 1 \| 1 \| 0 \| 0 \| 0 \| 1 \| 0 \| 35.0 s \| 1 \|",
+    assert re.search(r"\| \[fake\]\(#paper-fake\) \| mini \| 2 \| 2 \| 0 \| 1 \| 1 \| 0 \| 0 \| 0 \| 1 \| 0 \| 0 \| 35.0 s \| 1 \|",
                      md)  # runs flagged
-    assert re.search(r"\| \[other\]\(#paper-other\) \| smoke \| 1 \|( \d+ \|){9} 1.0 s \| — \|", md)  # not checked
+    assert re.search(r"\| \[other\]\(#paper-other\) \| smoke \| 1 \|( \d+ \|){10} 1.0 s \| — \|", md)  # not checked
     assert "| `m1-a` | m1 / s1 / 0 | `fake_table1`, `fake_fig2` | fall: last evaluation 28.0 points under the best |" in md
     assert re.search(r"Run health: 1 run flagged \(fake: 1; listed under each paper\) \(2 stages checked; collapse = ", md)
     assert "other_table1" in md and md.count("**Run health:**") == 1          # a runs.csv without the column: not checked
@@ -218,7 +218,7 @@ def test_verdict_metrics_are_a_compact_dvc_metrics_file():
                {**row, "paper": "c", "profile": R.NOT_REPRODUCED, "not run": 0, "claims": 0}]
     out = R.verdict_metrics(summary)
     metric = {"holds": 2, "partial": 0, "fails": 1, "inconclusive": 0, "underpowered": 1, "by_design": 0, "not_run": 1,
-              "claims": 5, "independent_tests": 2, "metric_sensitive": 0}
+              "claims": 5, "independent_tests": 2, "metric_sensitive": 0, "kernel_sensitive": 0}
     assert out == {"a": {"profile": "mini", **metric, "runs_flagged": 0},
                    "b (mini)": {"profile": "mini", **metric, "runs_flagged": 0},
                    "b (paper)": {"profile": "paper", **metric, "runs_flagged": 2}}

@@ -49,6 +49,9 @@ def provenance(cfg: RunConfig, ctx: Context, wall: float, res, git: dict) -> dic
     return {
         "config_sha256": cfg.key(), "code_sha256": code_fingerprint(cfg.algorithm), "seed": cfg.seed, "dataset": cfg.dataset, "dataset_source": ctx.data.source,
         "device": str(ctx.device), "torch_threads": torch.get_num_threads(),
+        # the ATen kernels this CPU ran (AVX512, AVX2, ...): float rounding, and so the numbers, depend on it
+        # (docs/evidence/kernel_paths/; `ATEN_CPU_CAPABILITY=avx2` runs an AVX2 CPU's kernels on an AVX-512 one)
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         # a round's client-by-client training: at most this many forked processes of one thread (core/engines/forked.py)
         "client_procs": engines.client_procs(ctx.device, sys.maxsize),
         "git": git, "pflrepro": __version__, "python": platform.python_version(),

@@ -75,6 +75,8 @@ def _qualifiers(r: dict) -> str:
     q = []
     if r.get("metric_sensitive"):
         q.append(f"metric-sensitive (last tenth: {r.get('robust_verdict')})")
+    if r.get("kernel_sensitive"):
+        q.append(f"kernel-sensitive ({r['kernel']['verdict']} on the other path)")
     if r.get("paper_check"):
         q.append("paper's numbers disagree")
     if r["verdict"] == "by design" and r.get("quantity_verdict"):

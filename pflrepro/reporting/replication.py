@@ -243,6 +243,7 @@ def summarize(papers: dict[str, list[Stage]], rows: list[dict], docs: dict[str, 
             out.append({"paper": paper, "title": PAPERS.get(paper, paper), "profile": prof, "stages": len(sts),
                         **_counts(mine), "claims": len(mine), "independent": claims.independent_tests(mine),
                         "sensitive": sum(bool(r.get("metric_sensitive")) for r in mine),
+                        "kernel": sum(bool(r.get("kernel_sensitive")) for r in mine),
                         "headline": claims.headline(mine) if any(r.get("headline") for r in mine) else "",
                         "compute_s": round(_distinct_wall(sts), 1) if prof != NOT_REPRODUCED else None,
                         "flagged": None if flagged is None else len(flagged),
@@ -254,9 +255,9 @@ def summarize(papers: dict[str, list[Stage]], rows: list[dict], docs: dict[str, 
 def summary_markdown(summary: list[dict], link: bool = True) -> str:
     """The counts, one short row per paper and profile (each row's note follows in `notes_markdown`)."""
     head = ["paper", "profile", "stages", *claims.VERDICTS, "independent tests decided", "metric-sensitive",
-            "compute", "runs flagged"]
+            "kernel-sensitive", "compute", "runs flagged"]
     rows = [[f"[{s['title']}](#paper-{s['paper']})" if link else s["title"], s["profile"], s["stages"],
-             *(s[v] for v in claims.VERDICTS), s.get("independent", "—"), s.get("sensitive", 0),
+             *(s[v] for v in claims.VERDICTS), s.get("independent", "—"), s.get("sensitive", 0), s.get("kernel", 0),
              _duration(s["compute_s"]), "—" if s.get("flagged") is None else s["flagged"]] for s in summary]
     return _md_table(head, rows)
 
@@ -305,7 +306,8 @@ def provenance_markdown(st: Stage) -> str:
         return (f"- **profile** `{st.profile}`; no training runs recorded (the stage measures or draws without "
                 f"training); banner: {st.banner or '—'}\n")
     lines = [f"- **profile** `{st.profile}`; **runs** {len(st.runs)}; **seeds** {uniq('seed')}; "
-             f"**datasets** {uniq('dataset')} ({uniq('dataset_source')}); **device** {uniq('device')}",
+             f"**datasets** {uniq('dataset')} ({uniq('dataset_source')}); **device** {uniq('device')} "
+             f"(CPU kernels {uniq('cpu_capability')})",
              f"- **commit** {commits}; **versions** {versions}; "
              f"**code fingerprints** {len({r.get('code_sha256') for r in st.runs if r.get('code_sha256')})}",
              f"- **compute** {_duration(st.wall_seconds)}: the sum of `wall_seconds` over the {len(timed)} runs it "
@@ -395,7 +397,9 @@ RULE_TEXT = (
     "never counted; **not run**. At each claim's boundary P(holds) and P(fails) are each at most 5 %, measured by "
     "simulation for every claim shape used (`benchmarks/bench_calibration.py`, docs/evidence.md \"Calibrated "
     "verdicts\"). *metric-sensitive*: a decided verdict that is not the same on the mean of the last tenth of the "
-    "rounds (the tables score the best round, which favours a noisier curve). *Independent tests*: claims read from "
+    "rounds (the tables score the best round, which favours a noisier curve). *kernel-sensitive*: a verdict that is not "
+    "the same when the same runs are trained on another kernel path of the CPU (ATEN_CPU_CAPABILITY=avx2 against the "
+    "default, docs/evidence/kernel_paths/: float rounding alone moved it). *Independent tests*: claims read from "
     "the same runs count once. A profile other than `paper` runs smaller settings on offline stand-in data: its "
     "verdicts speak about trends there, not about the paper's numbers. Compute: the wall time of the distinct runs "
     "the outputs used.\n")
@@ -505,7 +509,7 @@ def verdict_metrics(summary: list[dict]) -> dict:
         key = f"{row['paper']} ({row['profile']})" if several or row["profile"] == NOT_REPRODUCED else row["paper"]
         out[key] = {"profile": row["profile"], **{v.replace(" ", "_"): row[v] for v in claims.VERDICTS},
                     "claims": row["claims"], "independent_tests": row.get("independent"),
-                    "metric_sensitive": row.get("sensitive", 0),
+                    "metric_sensitive": row.get("sensitive", 0), "kernel_sensitive": row.get("kernel", 0),
                     "runs_flagged": row["flagged"]}
     return out
 

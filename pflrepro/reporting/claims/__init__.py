@@ -79,12 +79,13 @@ fails there is either mis-encoded or marked `paper_inconsistent`, and one so mar
 
 The package by concern: `loading` (the files and their validation), `effects` (a cell's value, an effect per seed),
 `cells` (reading a claim's cells from its table), `forms` (a claim's comparisons), `judging` (verdicts, power, what
-would decide, independence), `output` (summary, text, markdown, the `claims` verb). `CLAIMS_DIR` is read at call
+would decide, independence), `kernel` (verdicts that another kernel path of the CPU moves), `output` (summary, text,
+markdown, the `claims` verb). `CLAIMS_DIR` is read at call
 time from `loading` (a test points `claims.loading.CLAIMS_DIR` at a fake paper's files).
 """
 from __future__ import annotations
 
-from . import cells, effects, forms, judging, loading, output  # noqa: F401  (the modules, by concern)
+from . import cells, effects, forms, judging, kernel, loading, output  # noqa: F401  (the modules, by concern)
 from .loading import (ClaimsError, CLAIMS_DIR, REPO_ROOT, VERDICTS, FORMS, CHOICES, COMMON, TOP, KEY_COLUMNS,
                       ACCURACY_COLUMNS, ROBUST_COLUMN, SMALL_TEST, DEFAULT_PAPER_SEEDS, claims_files, load, _validate)
 from .effects import Val, Comparison, effect, _fmt, _parse_seeds

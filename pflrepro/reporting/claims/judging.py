@@ -14,7 +14,7 @@ import pandas as pd
 import yaml
 
 from .. import verdicts
-from . import loading
+from . import kernel, loading
 from .loading import _LOADER, DEFAULT_PAPER_SEEDS, REPO_ROOT, ROBUST_COLUMN, _as_list, claims_files, load
 from .effects import _fmt, Comparison
 from .cells import _filter, _ref_label, Evaluator, NotRun
@@ -235,7 +235,7 @@ EMPTY_ROW = {"verdict": "not run", "evidence": "", "cells": [], "profile": None,
              "min_test": None, "uses": [], "paper_effect": None, "paper_interval": "", "paper_verdict": "",
              "seed_sd": None, "paper_gap": None, "mde3": None, "region": "", "bounds": [], "cell_ci": [],
              "quantity_verdict": "", "robust_verdict": "", "robust_interval": "", "metric_sensitive": False,
-             "paper_check": "", "power": None}
+             "paper_check": "", "power": None, "kernel": None, "kernel_sensitive": False}
 
 
 def evaluate(claim: dict, results: Path | str | None = None, doc: dict | None = None,
@@ -370,6 +370,7 @@ def check(results: Path | str | None = None, paper: str | None = None, source: s
     if source != "paper":
         power_at_three_seeds(rows)
         what_would_decide(rows, Path(results) if results is not None else _results_root())
+        kernel.mark(rows)
     return rows
 
 

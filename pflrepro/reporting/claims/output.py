@@ -62,6 +62,10 @@ def _flags(r: dict) -> list[str]:
     if r.get("metric_sensitive"):
         out.append(f"metric-sensitive: on the mean of the last tenth of the rounds, {r['robust_verdict']} "
                    f"({r['robust_interval']})")
+    if r.get("kernel_sensitive"):
+        k = r["kernel"]
+        out.append(f"kernel-sensitive: on {k['path']} (same machine and seeds), {k['verdict']}"
+                   + (f" ({k['interval']})" if k.get("interval") else ""))
     if r.get("paper_check"):
         out.append(r["paper_check"])
     if r.get("group") and r["group"] != r["id"]:
