@@ -125,6 +125,11 @@ def test_design_summary_pairs_by_seed_and_prices_a_seed():
     t = design.summarize(res, "a", "pm_acc_mean", budget_min=3.0).iloc[0]
     assert t.comparison == "a - b" and t.seeds == 3 and abs(t.mean_diff - 2) < 1e-9 and abs(t.sd_diff - 1) < 1e-9
     assert t.cpu_s_per_seed == 60 and t.seeds_in_budget == 3 and t.mde_budget == t.mde_3 == design.noise.detectable(1.0, 3)
+    assert t.priced_by == "wall"
+    for r in res.values():          # the runs' own CPU time, where every run has it: 10 s each, not their wall's 30
+        r.provenance["cpu_seconds"] = 10.0
+    t = design.summarize(res, "a", "pm_acc_mean", budget_min=3.0).iloc[0]
+    assert t.priced_by == "cpu" and t.cpu_s_per_seed == 20 and t.seeds_in_budget == 9
 
 
 def test_stage_cost_counts_a_shared_run_once_and_prices_missing_seeds():

@@ -53,6 +53,7 @@ def test_two_jobs_give_the_same_bits_as_one_after_another_at_the_same_threads(tm
         assert read_metrics(par[k].path) == read_metrics(seq[k].path), k
         assert par[k].provenance["torch_threads"] == threads
         assert par[k].provenance["cpu_capability"] == torch.backends.cpu.get_cpu_capability()   # the kernels it ran
+        assert 0 < par[k].provenance["cpu_seconds"] < 4 * seq[k].provenance["wall_seconds"] + 5  # its own CPU time
     assert read_metrics(par[("fedavg", "s", 0)].path) != read_metrics(par[("fedavg", "s", 1)].path)  # seeds matter
 
 
@@ -73,6 +74,7 @@ def test_a_worker_killed_mid_run_fails_the_grid_and_the_rerun_resumes_to_the_sam
     resumed = experiments.run_grid(grid, root=tmp_path / "killed", progress=False, jobs=2)
     clean = experiments.run_grid(grid, root=tmp_path / "clean", progress=False, jobs=2)
     assert resumed[("a", "s", 0)].provenance["resumed_from_round"] == 2
+    assert resumed[("a", "s", 0)].provenance["cpu_seconds"] > 0        # both segments' CPU, from the checkpoint on
     assert read_metrics(resumed[("a", "s", 0)].path) == read_metrics(clean[("a", "s", 0)].path)
 
 

@@ -43,7 +43,7 @@ def model_flops(ctx: Context) -> int | None:
         return None
 
 
-def provenance(cfg: RunConfig, ctx: Context, wall: float, res, git: dict) -> dict:
+def provenance(cfg: RunConfig, ctx: Context, wall: float, res, git: dict, cpu: float | None = None) -> dict:
     import numpy
     fwd = model_flops(ctx)
     return {
@@ -57,6 +57,9 @@ def provenance(cfg: RunConfig, ctx: Context, wall: float, res, git: dict) -> dic
         "git": git, "pflrepro": __version__, "python": platform.python_version(),
         "torch": torch.__version__, "numpy": numpy.__version__, "platform": platform.platform(),
         "wall_seconds": wall, "resumed_from_round": res.resumed_from,
+        # CPU time of the run's process and its forked client trainers, over every segment (None when resumed from a
+        # checkpoint that predates the field): its cost on a shared or niced machine, where wall time is not
+        "cpu_seconds": None if cpu is None or cpu != cpu else cpu,
         # runs whose clients shared its local training calls (executor "stacked", core/engines/together.py; 1: alone)
         "trained_with_runs": stacker.runs if (stacker := engines.current()) is not None else 1,
         # of which evaluation (every `eval_every` rounds: GM on the global test set, every PM on its local test)

@@ -410,6 +410,13 @@ def _locked(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResul
         unlock(_train_lock_file(path), fd)
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and its reaped children (forked client trainers): what a run costs, whatever else
+    shares the cores (wall time under load, or niced, is mostly waiting)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult:
     created = not path.exists()
     # a setting the data refuses (more clients than samples), or a GPU share ($PFLREPRO_GPU_FRACTION) the run cannot
@@ -424,12 +431,14 @@ def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult
         raise
     ckpt_path = path / "checkpoint.pt"
     git_at_start = git_commit()  # the code that runs is the code loaded now
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_seconds()
     wall_before = float(start["wall_seconds"]) if start else 0.0
+    cpu_before = float(start.get("cpu_seconds", math.nan)) if start else 0.0   # a checkpoint older than the field: nan
     run_key = result_key(cfg)
 
     def save(state: dict):
-        state = {**state, "wall_seconds": wall_before + time.perf_counter() - t0}
+        state = {**state, "wall_seconds": wall_before + time.perf_counter() - t0,
+                 "cpu_seconds": cpu_before + _cpu_seconds() - c0}
         _write_atomic(ckpt_path, checkpoint_bytes(state, run_key))   # one record: a kill never splits it
         die = os.environ.get("PFLREPRO_DIE_AFTER_ROUND")  # test hook: SIGKILL ourselves here
         if die is not None and int(die) == int(state["round"]):
@@ -446,7 +455,8 @@ def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult
     finally:
         beat.clear()
     _check_finite(cfg, path, res.history, created)
-    prov = provenance(cfg, ctx, wall_before + time.perf_counter() - t0, res, git_at_start)
+    prov = provenance(cfg, ctx, wall_before + time.perf_counter() - t0, res, git_at_start,
+                      cpu=cpu_before + _cpu_seconds() - c0)
     _complete(cfg, path, res, prov)
     return load_result(path)   # what a later serve returns, to the digit (per_client.csv holds 6 decimals)
 

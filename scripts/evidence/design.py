@@ -73,16 +73,21 @@ def configs(table: str, reference: str, methods, designs, seeds: int, base: int,
 
 def summarize(results: dict, reference: str, metric: str, budget_min: float) -> pd.DataFrame:
     """Per design and comparison: the paired difference of the best round's `metric` (points) over the seeds, a seed's
-    CPU-seconds (every method of the pilot), and the detectable effect at 3 seeds and at the seeds the budget buys."""
+    CPU-seconds (every method of the pilot: each run's `cpu_seconds` where every run of the design has it, else its
+    wall time, which a shared or niced machine inflates: `priced_by` says which), and the detectable effect at 3 seeds
+    and at the seeds the budget buys."""
     rows = []
     for (d, m, s), r in results.items():
         v = 100 * r.metric(metric)
+        cpu = r.provenance.get("cpu_seconds")
         rows.append({"design": d, "method": m, "seed": s, "best": float(np.nanmax(v)),
-                     "wall_s": float(r.provenance.get("wall_seconds", float("nan")))})
+                     "wall_s": float(r.provenance.get("wall_seconds", float("nan"))),
+                     "cpu_s": float("nan") if cpu is None else float(cpu)})
     df = pd.DataFrame(rows)
     out = []
     for d, t in df.groupby("design", sort=False):
-        per_seed = t.groupby("seed").wall_s.sum()
+        by = "cpu" if t.cpu_s.notna().all() else "wall"
+        per_seed = t.groupby("seed")[f"{by}_s"].sum()
         cost = float(per_seed.mean())
         afford = max(int(budget_min * 60 // cost), 0) if cost > 0 else 0
         ref = t[t.method == reference].set_index("seed").best
@@ -92,7 +97,7 @@ def summarize(results: dict, reference: str, metric: str, budget_min: float) -> 
             diff = (ref.loc[common] - oth.loc[common]).to_numpy()
             sd = float(np.std(diff, ddof=1)) if len(diff) > 1 else float("nan")
             out.append({"design": d, "comparison": f"{reference} - {m}", "seeds": len(diff),
-                        "mean_diff": float(np.mean(diff)), "sd_diff": sd, "cpu_s_per_seed": cost,
+                        "mean_diff": float(np.mean(diff)), "sd_diff": sd, "cpu_s_per_seed": cost, "priced_by": by,
                         "mde_3": noise.detectable(sd, 3), "seeds_in_budget": afford,
                         "mde_budget": noise.detectable(sd, afford) if afford >= 2 else float("nan")})
     return pd.DataFrame(out)
@@ -104,7 +109,8 @@ def markdown(table: pd.DataFrame, skipped: dict, title: str, budget_min: float) 
              f"| seeds in {budget_min:g} CPU-min | detectable there |", "|---|---|---|---|---|---|---|---|---|"]
     for _, r in table.iterrows():
         lines.append(f"| {r.design} | {r.comparison} | {r.seeds} | {r.mean_diff:+.2f} | {r.sd_diff:.2f} | "
-                     f"{r.cpu_s_per_seed:.0f} | {r.mde_3:.2f} | {r.seeds_in_budget} | {r.mde_budget:.2f} |")
+                     f"{r.cpu_s_per_seed:.0f}{'' if r.priced_by == 'cpu' else ' (wall)'} | {r.mde_3:.2f} | "
+                     f"{r.seeds_in_budget} | {r.mde_budget:.2f} |")
     for d, why in skipped.items():
         lines.append(f"| {d} | not run: {why} | | | | | | | |")
     return "\n".join(lines) + "\n"
