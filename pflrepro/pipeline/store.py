@@ -436,9 +436,12 @@ def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult
     cpu_before = float(start.get("cpu_seconds", math.nan)) if start else 0.0   # a checkpoint older than the field: nan
     run_key = result_key(cfg)
 
+    def spent() -> dict:
+        """Wall and CPU seconds of the run so far, every segment."""
+        return {"wall_seconds": wall_before + time.perf_counter() - t0, "cpu_seconds": cpu_before + _cpu_seconds() - c0}
+
     def save(state: dict):
-        state = {**state, "wall_seconds": wall_before + time.perf_counter() - t0,
-                 "cpu_seconds": cpu_before + _cpu_seconds() - c0}
+        state = {**state, **spent()}
         _write_atomic(ckpt_path, checkpoint_bytes(state, run_key))   # one record: a kill never splits it
         die = os.environ.get("PFLREPRO_DIE_AFTER_ROUND")  # test hook: SIGKILL ourselves here
         if die is not None and int(die) == int(state["round"]):
@@ -455,8 +458,8 @@ def _train(cfg: RunConfig, path: Path, progress: bool, force: bool) -> RunResult
     finally:
         beat.clear()
     _check_finite(cfg, path, res.history, created)
-    prov = provenance(cfg, ctx, wall_before + time.perf_counter() - t0, res, git_at_start,
-                      cpu=cpu_before + _cpu_seconds() - c0)
+    now = spent()
+    prov = provenance(cfg, ctx, now["wall_seconds"], res, git_at_start, cpu=now["cpu_seconds"])
     _complete(cfg, path, res, prov)
     return load_result(path)   # what a later serve returns, to the digit (per_client.csv holds 6 decimals)
 

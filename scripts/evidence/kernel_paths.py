@@ -26,7 +26,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-DECIDED = ("holds", "partial", "fails")
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from pflrepro.reporting.verdict_md import _md_table  # noqa: E402
+from pflrepro.reporting.verdicts import DECIDED  # noqa: E402
 
 
 def flatten(doc, prefix: str = "") -> dict[str, float]:
@@ -76,8 +81,7 @@ def claim_pairs(a: list[dict], b: list[dict]) -> list[dict]:
 
 
 def _md(header: list[str], rows: list[list]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(out + ["| " + " | ".join(str(x).replace("|", "\\|") for x in r) + " |" for r in rows])
+    return _md_table(header, rows).rstrip("\n")
 
 
 def _decided_groups(pairs: list[dict], side: str) -> set:

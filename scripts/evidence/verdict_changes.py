@@ -14,8 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import Counter
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from pflrepro.reporting.verdict_md import _md_table  # noqa: E402
 
 ORDER = ("holds", "partial", "fails", "inconclusive", "underpowered", "by design", "not run")
 
@@ -25,9 +32,7 @@ def _rows(path: str) -> dict:
 
 
 def _md(header: list[str], rows: list[list]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(x).replace("|", "\\|") for x in r) + " |" for r in rows]
-    return "\n".join(out)
+    return _md_table(header, rows).rstrip("\n")
 
 
 def _why(r: dict) -> str:
