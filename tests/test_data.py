@@ -121,3 +121,24 @@ def test_leaf_femnist_loader_keeps_letters_a_to_j_and_makes_ink_bright(tmp_path,
     monkeypatch.setenv("PFLREPRO_DATA", str(tmp_path / "nothing"))
     with pytest.raises(DatasetUnavailable, match="preprocess.sh"):
         data._load_leaf_femnist(SPECS["femnist"])
+
+
+@pytest.mark.skipif(not FMNIST_AVAILABLE, reason="Debian dataset-fashion-mnist not installed")
+@pytest.mark.parametrize("pool", ["train", "train+test"])
+def test_a_run_with_extra_tests_trains_on_the_same_images_and_tests_on_more(pool):
+    """`split_params.extra_test` through the run's data: every client's training tensors are the same images, its test
+    set has `extra_test` more (which images: tests/test_partition.py); with pool train+test the GM's test set (the
+    union of the clients' tests) grows with them."""
+    from pflrepro.federation.build import build_data
+    from pflrepro.federation.config import RunConfig
+    base = {"dataset": "fmnist", "subsample": 0.02, "n_clients": 5, "partition": "dirichlet", "pool": pool,
+            "partition_params": {"alpha": 0.5}, "split": "random", "model": "mlp"}
+    plain = build_data(RunConfig.from_dict(base), torch.device("cpu"))
+    cfg = RunConfig.from_dict({**base, "split_params": {"extra_test": 40}})
+    assert cfg.split_params["extra_test"] == 40
+    more = build_data(cfg, torch.device("cpu"))
+    for k in range(5):
+        assert torch.equal(plain.client_train(k)[0], more.client_train(k)[0])
+        assert len(more.client_test(k)[1]) == len(plain.client_test(k)[1]) + 40
+    if pool == "train+test":
+        assert len(more.y_test) == len(plain.y_test) + 5 * 40

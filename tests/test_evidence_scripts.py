@@ -108,6 +108,10 @@ def test_design_configs_change_one_thing_each_on_pilot_seeds():
                       ("rounds_half", {"rounds": base.rounds // 2})):
         assert cfgs[(d, "fedper", 2000)].to_dict() == {**base.to_dict(), **change}
     assert ("full" in skipped) == (base.participation >= 1.0)
+    more = cfgs[("tests_x4", "fedper", 2000)]
+    assert more.to_dict() == {**base.to_dict(), "split_params": {**base.split_params, "extra_test":
+                                                                  more.split_params["extra_test"]}}
+    assert more.split_params["extra_test"] > 0 and base.split_params["extra_test"] == 0
 
 
 def test_design_summary_pairs_by_seed_and_prices_a_seed():

@@ -277,6 +277,31 @@ def test_random_split_tiny_clients_and_errors():
         assert len(sp["train"][i]) == max(int(0.5 * len(idx)), 1 if len(idx) else 0)
 
 
+def test_extra_test_adds_unheld_images_by_each_clients_label_shares_and_leaves_training_alone():
+    """random_split's `extra_test` (issue 54's larger-test-set design), by hand: client 0 holds classes 0 and 1 in
+    shares 2/3 and 1/3, so 3 more tests are 2 of class 0 and 1 of class 1; client 1 (class 2 only) gets 3 of class 2;
+    client 2 (shares 1/2, 1/2) gets floor 1 + 1 and the one left over by the largest remainder, the first class on a
+    tie: 2 of class 0, 1 of class 1."""
+    labels = np.repeat(np.arange(3), 10)
+    clients = [np.array([0, 1, 2, 3, 10, 11]), np.array([20, 21, 22, 23]), np.array([4, 5, 12, 13])]
+    plain = P.random_split(labels, clients, 7, fractions=(0.5, 0.5))
+    more = P.random_split(labels, clients, 7, fractions=(0.5, 0.5), extra_test=3)
+    assert all(np.array_equal(a, b) for a, b in zip(plain["train"], more["train"]))       # training unchanged
+    held = np.concatenate(clients)
+    extras = []
+    for i, want in enumerate(([2, 1, 0], [0, 0, 3], [2, 1, 0])):
+        assert set(plain["test"][i]) <= set(more["test"][i])
+        extra = np.setdiff1d(more["test"][i], plain["test"][i])
+        assert np.bincount(labels[extra], minlength=3).tolist() == want
+        assert not np.intersect1d(extra, held).size                                    # no client holds them
+        extras.append(extra)
+    assert len(np.unique(np.concatenate(extras))) == 9                                 # one client each
+    again = P.random_split(labels, clients, 7, fractions=(0.5, 0.5), extra_test=3)
+    assert all(np.array_equal(a, b) for a, b in zip(more["test"], again["test"]))      # deterministic
+    with pytest.raises(ValueError, match="extra_test=7: client 0 needs more images of a class"):
+        P.random_split(labels, clients, 7, fractions=(0.5, 0.5), extra_test=7)         # 5 of class 0; 4 are free
+
+
 def test_perfed_ckt_split():
     labels = np.repeat(np.arange(10), 1000)
     clients = P.dirichlet(labels, 100, 0, alpha=0.5, min_size=20)

@@ -43,6 +43,15 @@ class Plan:
         every engine reads it here)."""
         return (cfg.local_epochs if self.epochs is None else self.epochs, cfg.lr if self.lr is None else self.lr)
 
+    def take(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` (one row per training sample of the client) at the rows this plan trains on: `rows`, or all (the one
+        place the restriction is written: every engine takes the client's data and per-sample tensors here)."""
+        return t if self.rows is None else t[self.rows.to(t.device)]
+
+    def sample_rows(self) -> dict:
+        """The plan's per-sample tensors at its rows."""
+        return {n: self.take(t) for n, t in self.per_sample.items()}
+
 
 
 @dataclass
@@ -149,12 +158,8 @@ class Context:
     def train_plan(self, net: nn.Module, k: int, rnd: int, plan: Plan) -> TrainStats:
         """The per-client path of a `Plan` (`net` already holds `plan.start`)."""
         epochs, lr = plan.settings(self.cfg)
-        data, per_sample = None, plan.per_sample
-        if plan.rows is not None:
-            x, y = self.data.client_train(k)
-            data = (x[plan.rows], y[plan.rows])
-            per_sample = {n: t[plan.rows] for n, t in per_sample.items()}
+        data = None if plan.rows is None else tuple(plan.take(t) for t in self.data.client_train(k))
         return self.train(net, k, rnd, loss=plan.loss, trainable=plan.trainable, epochs=epochs,
                           lr=lr, steps=plan.steps, purpose=plan.purpose, aux=plan.aux, data=data,
-                          per_sample=per_sample, shuffle=plan.shuffle, update=plan.update,
+                          per_sample=plan.sample_rows(), shuffle=plan.shuffle, update=plan.update,
                           update_state=plan.update_state)

@@ -8,7 +8,8 @@ evidence for the CPU it costs.
 Each design is the setting with one change (`DESIGNS`): `base` (as it is: more seeds is this design at more seeds),
 `clients_x2` (twice the clients over the same images: half as many a client), `rounds_x2` (twice the rounds),
 `rounds_half` (half of them: cheaper, at the price of convergence), `full` (every client every round; skipped where the
-setting already has it). For every design the reference and the other
+setting already has it), `tests_x4` (four times each client's test set from images no client holds, training unchanged:
+scoring is cheap beside training; `_tests_x4`). For every design the reference and the other
 methods train at `--seeds` ordinary pilot seeds (every random stream moves, as a verdict seed's would; from
 `--base-seed` up, a range no verdict reads and apart from noise.py's 1000+). Per design and comparison (reference minus
 method, paired by seed) it reports the paired difference's mean and SD, the CPU-seconds one seed of the design costs
@@ -42,7 +43,24 @@ DESIGNS = {
     "rounds_x2": lambda cfg: {"rounds": 2 * cfg.rounds},
     "rounds_half": lambda cfg: None if cfg.rounds < 2 else {"rounds": cfg.rounds // 2},
     "full": lambda cfg: None if cfg.participation >= 1.0 else {"participation": 1.0},
+    "tests_x4": lambda cfg: _tests_x4(cfg),
 }
+
+
+def _tests_x4(cfg) -> dict | None:
+    """Four times each client's test set, training unchanged: `random` splits get 3x their mean test size more from
+    the images no client holds (`extra_test`, by the client's label shares); SCD's `global_test_by_proportion` a 4x
+    `scale` (its default: |test| / |train| of the dataset). Other splits: not a change this script makes."""
+    from pflrepro.federation.build import build_partition, raw_dataset
+    if cfg.split == "random":
+        tests = build_partition(cfg)["test"]
+        extra = 3 * round(sum(len(t) for t in tests) / max(len(tests), 1))
+        return {"split_params": {**cfg.split_params, "extra_test": extra}} if extra else None
+    if cfg.split == "global_test_by_proportion":
+        raw = raw_dataset(cfg.dataset)
+        scale = cfg.split_params.get("scale") or len(raw.y_test) / len(raw.y_train)
+        return {"split_params": {**cfg.split_params, "scale": 4 * scale}}
+    return None
 
 
 def configs(table: str, reference: str, methods, designs, seeds: int, base: int, profile=None, setting=None):

@@ -237,16 +237,10 @@ def train_items(items: list[tuple]) -> list:
         epochs=p0.settings(c)[0], batch_size=c.batch_size, lr=p0.settings(c)[1], momentum=c.momentum, weight_decay=c.weight_decay, bias_decay=c.bias_decay,
         grad_clip=c.grad_clip, loss=p0.loss, trainable=p0.trainable,
         seeds=[derive_seed(it.cfg.seed, r, k, p.purpose) for it, r, k, p in items], steps=[p.steps for *_, p in items],
-        aux=[p.aux for *_, p in items], per_sample=[_sample_rows(p) for *_, p in items], shuffle=p0.shuffle,
+        aux=[p.aux for *_, p in items], per_sample=[p.sample_rows() for *_, p in items], shuffle=p0.shuffle,
         update=p0.update, update_state=[p.update_state for *_, p in items])
 
 
 def plan_rows(ctx: Context, k: int, plan: Plan) -> torch.Tensor:
     """The rows of the run's data tensors that client k's `plan` trains on (`Plan.rows` of its training data)."""
-    rows = ctx.data.train[k]
-    return rows if plan.rows is None else rows[plan.rows.to(rows.device)]
-
-
-def _sample_rows(plan: Plan) -> dict:
-    """The plan's per-sample tensors, restricted to its `rows`."""
-    return plan.per_sample if plan.rows is None else {n: t[plan.rows] for n, t in plan.per_sample.items()}
+    return plan.take(ctx.data.train[k])

@@ -127,7 +127,9 @@ PARTITION_SCHEMAS: dict[str, dict[str, Param]] = {
 
 SPLIT_SCHEMAS: dict[str, dict[str, Param]] = {
     "random": {"fractions": Param(tuple, (0.8, 0.2), "(train, test) or (train, val, test) fractions"),
-               "stratify": Param(bool, True, "split each client's classes proportionally")},
+               "stratify": Param(bool, True, "split each client's classes proportionally"),
+               "extra_test": Param(int, 0, "more test images a client, from images no client holds, by the client's "
+                                   "label proportions (issue 54's design; 0: none, the papers' split)", low=0)},
     "perfed_ckt": {"train_choices": Param(tuple, (0.1, 0.3, 0.4), "train fraction drawn per client from these"),
                    "val_fraction": Param(float, 0.1, "", low=0.0, high=1.0),
                    "test_fraction": Param(float, 0.5, "", low=0.0, high=1.0, low_open=True),   # every client tests

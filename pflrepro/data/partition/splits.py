@@ -79,6 +79,7 @@ def random_split(
     seed: int,
     fractions=(0.8, 0.2),
     stratify: bool = True,
+    extra_test: int = 0,
 ) -> dict[str, list[np.ndarray]]:
     """Random per-client split: (train, test) or (train, val, test) fractions.
 
@@ -95,6 +96,11 @@ def random_split(
     distribution: a class's count in a part is the floor or ceil of its proportional
     share, except in rare cases where fixing the part sizes costs one more sample; pFedSD's code splits plainly at random
     (``stratify=False``), which matches only in expectation.
+
+    ``extra_test`` (not in any paper; issue 54's design with larger per-client test sets): each client's test set
+    also gets this many images that no client holds, by the client's own label proportions (``more_tests``). Training
+    is unchanged: the split above is drawn first, by the same generator, so train, val and the original tests are
+    the same images as with ``extra_test=0``.
     """
     labels, clients = _check_clients(labels, client_indices)
     fr = np.asarray(fractions, dtype=float)
@@ -113,6 +119,33 @@ def random_split(
         sizes = _ensure_train([n_train] + rest, n)
         for name, seg in zip(names, _segments(rng, idx, labels[idx], sizes, stratify)):
             out[name].append(seg)
+    if extra_test:
+        extra = more_tests(labels, clients, extra_test, seed)
+        out["test"] = [np.sort(np.concatenate([t, e])) for t, e in zip(out["test"], extra)]
+    return out
+
+
+def more_tests(labels: np.ndarray, clients: list[np.ndarray], size: int, seed: int) -> list[np.ndarray]:
+    """`size` more test images a client from the images no client holds, by the client's label proportions:
+    class c gets the largest-remainder rounding of size x (the client's share of c), each image to one client at
+    most (clients in order), drawn by a generator of its own (the split's draws stay as they were)."""
+    if size < 0:
+        raise ValueError(f"extra_test={size}: must be >= 0")
+    held = np.concatenate(clients + [np.empty(0, np.int64)])
+    free = np.setdiff1d(np.arange(len(labels)), held)
+    rng = np.random.default_rng([seed, 0x7E57])
+    n_classes = int(labels.max()) + 1 if len(labels) else 0
+    pools = {c: list(rng.permutation(free[labels[free] == c])) for c in range(n_classes)}
+    out = []
+    for i, idx in enumerate(clients):
+        share = np.bincount(labels[idx], minlength=n_classes) / max(len(idx), 1)
+        want = np.floor(share * size).astype(np.int64)
+        rest = np.argsort(-(share * size - want), kind="stable")[: size - int(want.sum())] if len(idx) else []
+        want[rest] += 1
+        if any(want[c] > len(pools[c]) for c in range(n_classes)):
+            raise ValueError(f"extra_test={size}: client {i} needs more images of a class than the pool has free")
+        out.append(np.sort(np.asarray([pools[c].pop() for c in range(n_classes) for _ in range(want[c])],
+                                      np.int64)))
     return out
 
 
