@@ -112,6 +112,8 @@ def test_design_configs_change_one_thing_each_on_pilot_seeds():
     assert more.to_dict() == {**base.to_dict(), "split_params": {**base.split_params, "extra_test":
                                                                   more.split_params["extra_test"]}}
     assert more.split_params["extra_test"] > 0 and base.split_params["extra_test"] == 0
+    both = cfgs[("tests_x4_rounds_x2", "fedper", 2000)]
+    assert both.to_dict() == {**more.to_dict(), "rounds": 2 * base.rounds}
 
 
 def test_design_summary_pairs_by_seed_and_prices_a_seed():

@@ -44,6 +44,9 @@ DESIGNS = {
     "rounds_half": lambda cfg: None if cfg.rounds < 2 else {"rounds": cfg.rounds // 2},
     "full": lambda cfg: None if cfg.participation >= 1.0 else {"participation": 1.0},
     "tests_x4": lambda cfg: _tests_x4(cfg),
+    # two changes at once, where the pilots found each acting on its own source (DC-PFL: the scoring floor and
+    # non-convergence)
+    "tests_x4_rounds_x2": lambda cfg: None if (t := _tests_x4(cfg)) is None else {**t, "rounds": 2 * cfg.rounds},
 }
 
 
