@@ -149,3 +149,51 @@ def test_stage_cost_counts_a_shared_run_once_and_prices_missing_seeds():
     assert tot["distinct_runs"] == 5 and tot["cpu_s_now"] == 10 + 20 + 30 + 7 + 99
     assert tot["runs_added"] == 2 and tot["cpu_s_added"] == 14.0
     assert {r["stage"]: r["cpu_s_per_seed"] for r in rows} == {"t1": 20.0, "t2": 10.0, "f1": 7.0, "x": 99.0}
+
+
+def test_choose_design_groups_stages_that_share_a_run_and_prices_a_seed_once():
+    """scripts/evidence/choose_design.py: stages reading one run share a group (and so a design and a seed count); a
+    group's seed costs its distinct configs once."""
+    cd = _script("choose_design")
+    stages = {"t2": [("a", 0, 1.0, "r1"), ("b", 0, 1.0, "r2")], "t4": [("a", 0, 1.0, "r1")],
+              "t3": [("c", 0, 1.0, "r3")]}
+    gs = cd.groups(stages, {"a": 10.0, "b": 20.0, "c": 5.0})
+    assert [sorted(g["stages"]) for g in gs] == [["t2", "t4"], ["t3"]]
+    assert [g["cost"] for g in gs] == [30.0, 5.0] and [g["seeds"] for g in gs] == [1, 1]
+
+
+def test_choose_design_sizes_a_claim_by_its_largest_comparison_and_prices_designs():
+    """A claim is sized by the largest pilot SD of its comparisons (the pilot's largest where one was not run); a
+    design's cost is the pilot's CPU ratio only when both were priced by CPU time, else what it changes."""
+    cd, noise = _script("choose_design"), _script("noise")
+    pilot = {"sd": {("r", "m1"): 1.0, ("r", "m2"): 2.0, ("r", "m3"): 4.0}, "cost": 10.0, "priced_by": "cpu"}
+    assert cd.claim_sd({"points": {"r > m1": {}, "r > m2": {}}}, pilot) == 2.0
+    assert cd.claim_sd({"points": {"m1 > r": {}}}, pilot) == 1.0        # the order of a pair does not matter
+    assert cd.claim_sd({"points": {"r > other": {}}}, pilot) == 4.0     # not piloted: the pilot's largest
+    assert cd.claim_sd({"points": {"diff near 0.5": {}}}, pilot) == 4.0
+    wall = {**pilot, "priced_by": "wall", "cost": 30.0}
+    assert cd.cost_ratio("tests_x4", {**pilot, "cost": 12.0}, pilot) == 1.2
+    assert cd.cost_ratio("tests_x4", wall, pilot) == 1.0 and cd.cost_ratio("rounds_x2", wall, pilot) == 2.0
+    # hand-sized: at 3 seeds the detectable effect is (t_.95 + t_.80, 2 df) * SD / sqrt(3) = 2.298 SD (t_.95 = 2.920, t_.80 = 1.061)
+    assert abs(noise.detectable(1.0, 3) - 3.9806 / 3 ** 0.5) < 1e-3
+    claims = [{"points": {"r > m1": {}}, "paper_effect": 2.5}, {"points": {"r > m2": {}}, "paper_effect": -2.5}]
+    opts = cd.options({"cost": 100.0}, claims, {"base": pilot}, noise.detectable, 4)
+    assert [(o["n"], o["sized"], o["cost"]) for o in opts] == [(3, 1, 300.0), (4, 1, 400.0)]
+
+
+def test_choose_design_maximises_sized_claims_in_budget_and_else_takes_three_cheapest_seeds():
+    """Within the budget: the most claims sized (ties: fewer CPU-seconds). Over it, the amendment: every group at 3
+    seeds and its cheapest design, one within 10 % counting as as cheap (then the most sized, then base)."""
+    cd = _script("choose_design")
+    o = lambda d, n, cost, sized, rel=1.0: {"design": d, "n": n, "cost": cost, "sized": sized, "rel": rel}  # noqa: E731
+    g1 = [o("base", 3, 30, 0), o("base", 6, 60, 1), o("tests_x4", 3, 31, 1)]
+    g2 = [o("base", 3, 50, 0), o("rounds_x2", 3, 100, 2)]
+    picks, fits = cd.choose([g1, g2], budget=200)
+    assert fits and [(p["design"], p["n"]) for p in picks] == [("tests_x4", 3), ("rounds_x2", 3)]
+    picks, fits = cd.choose([g1, g2], budget=90)
+    assert fits and [(p["design"], p["n"]) for p in picks] == [("tests_x4", 3), ("base", 3)]
+    picks, fits = cd.choose([g1, g2], budget=60)                        # 3 seeds everywhere needs 80: over
+    assert not fits and [(p["design"], p["n"]) for p in picks] == [("tests_x4", 3), ("base", 3)]
+    g3 = [o("base", 3, 30, 0, 2.0), o("tests_x4", 3, 32, 0, 1.5), o("rounds_x2", 3, 60, 1, 0.5)]
+    picks, _ = cd.choose([g3], budget=10)
+    assert picks[0]["design"] == "tests_x4"                             # as cheap, the smaller detectable effect
