@@ -196,23 +196,26 @@ def choose(opts: list[list[dict]], budget: float, step: float = 5.0) -> tuple[li
     return picks, True
 
 
-def table(groups_: list, claims: list, pil: dict, noise, budget_cpu: float, max_seeds: int):
+def _paper(stage: str) -> str:
+    return stage.split("_table")[0].split("_fig")[0]
+
+
+def table(groups_: list, claims: list, pil: dict, noise, budget_cpu: float, max_seeds: int, claimed: set):
     """The rule applied: one row a group (its choice beside what it runs now) and whether the budget held."""
     by_stage = defaultdict(list)
     for c in claims:
         if testable(c):
             by_stage[c["stage"]].append(c)
-    papers = {s.split("_table")[0].split("_fig")[0]: p for s, p in pil.items()}
+    papers = {_paper(s): p for s, p in pil.items()}
     opts, rows, fixed = [], [], 0.0
     for g in groups_:
         cl = [c for s in g["stages"] for c in by_stage.get(s, [])]
         own = next((pil[s] for s in sorted(g["stages"]) if s in pil), None)
-        paper = sorted(g["stages"])[0].split("_table")[0].split("_fig")[0]
+        paper = _paper(sorted(g["stages"])[0])
         pilot = own or ({"base": papers[paper]["base"]} if paper in papers else None)
-        claimed = any(s in g["claimed"] for s in g["stages"])
         now = options(g, cl, pilot and {"base": pilot["base"]}, noise.detectable, max(g["seeds"], 3))
         now_sized = next(o["sized"] for o in now if o["n"] == max(g["seeds"], 3)) if g["seeds"] >= 3 else 0
-        if not claimed:
+        if not g["stages"] & claimed:
             fixed += g["cost"] * g["seeds"]
             continue
         opts.append(options(g, cl, pilot, noise.detectable, max_seeds))
@@ -267,8 +270,6 @@ def main(argv=None) -> int:
     claimed = sc.claimed_stages(REPO / "paper_numbers")
     cost_of = run_costs(stages, res / "runs")
     gs = groups(stages, cost_of)
-    for g in gs:
-        g["claimed"] = claimed
     if a.claims:
         claims = json.loads(Path(a.claims).read_text())
     else:
@@ -280,7 +281,7 @@ def main(argv=None) -> int:
     budget_cpu = a.budget_min / a.avx2_ratio / scale["wall_per_cpu"] * 60
     keep = set(a.designs.split(","))
     pil = {s: {d: p for d, p in ds.items() if d in keep} for s, ds in pilots(Path(a.design_dir), set(stages)).items()}
-    t, fits, fixed = table(gs, claims, pil, noise, budget_cpu, a.max_seeds)
+    t, fits, fixed = table(gs, claims, pil, noise, budget_cpu, a.max_seeds, claimed)
     text = markdown(t, fits, fixed, budget_cpu, scale)
     if a.out:
         Path(a.out).write_text(text)
