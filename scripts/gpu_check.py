@@ -27,7 +27,11 @@ step that finds no time left is skipped with a line saying so) and writes everyt
   log.txt               everything printed; its first line is the environment (device, versions, determinism settings)
 
 `--tiny` shrinks every step to seconds (a few clients, one or two rounds, one benchmark workload): with `--device cpu`
-it runs in CI (tests/test_gpu_check.py), so the check cannot rot before the next GPU comes."""
+it runs in CI (tests/test_gpu_check.py), so the check cannot rot before the next GPU comes.
+
+`--store DIR` keeps the evidence runs in DIR: a second call with the same DIR resumes each run the first stopped at
+its budget from its last checkpoint (bit for bit on a CPU) and reuses each finished one, so the paper-scale tier can
+train on a CPU over several sittings (`--device cpu --steps 3 --store DIR`, the budget as long as a sitting)."""
 from __future__ import annotations
 
 import argparse
@@ -485,6 +489,9 @@ def evidence(device: str, clock: Clock, tiny: bool, parallel: int, root: Path, r
         where = root / f"{name}-{setting.replace(' ', '_').replace('=', '').replace('%', '')}"
         done = run_slice(configs, parallel, left, where, rep)
         r, c = evidence_rows(name, setting, configs, done, metric, {k: full[k].rounds for k in configs}, paper_dataset)
+        for row, cfg in zip(r, configs.values()):    # `seconds` is this call's; a run's own CPU time is its record's
+            prov = run_dir(cfg, where) / "provenance.json"
+            row["run_cpu_seconds"] = json.loads(prov.read_text()).get("cpu_seconds") if row["finished"] else None
         rows, curves, claims = rows + r, curves + c, claims + slice_claims(r, c, metric)
         meta = {"table": name, "setting": setting, "paper_dataset": paper_dataset, "metric": metric}
         finished += [(meta, k[0], run_dir(cfg, where)) for k, cfg in configs.items() if is_finished(run_dir(cfg, where))]
@@ -602,6 +609,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="", help="evidence: only these seeds (comma-separated; default all)")
     ap.add_argument("--workloads", default="", help="benchmark: only these workloads (default " +
                     ",".join(BENCH_WORKLOADS) + ")")
+    ap.add_argument("--store", type=Path, default=None, help="keep the evidence runs in this store (default: a temporary one); "
+                    "a second call with the same --store resumes every run the first stopped at its budget, from its "
+                    "last checkpoint, and reuses every finished one (the paper-scale tier on a CPU, over sessions)")
     ap.add_argument("--shares", default=None, help="correctness,benchmark shares of the budget (default 0.2,0.2; "
                     "tiny 0.45,0.2); the evidence gets the rest")
     a = ap.parse_args(argv)
@@ -664,7 +674,8 @@ def steps(a, device: str, clock: Clock, root: Path, rep: Report) -> None:
     t = time.monotonic()
     rep.say("3. paper-scale evidence")
     parallel = a.parallel or (8 if device == "cuda" else 2)
-    erows, curves, claims, skipped, finished = evidence(device, clock, a.tiny, parallel, root / "evidence", rep,
+    store = a.store.resolve() if a.store else root / "evidence"     # only the evidence resumes: 1 and 2 start fresh
+    erows, curves, claims, skipped, finished = evidence(device, clock, a.tiny, parallel, store, rep,
                                                         a.slices, a.methods, a.seeds) \
         if 3 in a.steps else ([], [], [], ["not asked for (--steps)"], [])
     skipped += [f"{r}: finished, not in runs.tar.gz (its size)" for r in pack_runs(finished, out, rep)]
@@ -673,7 +684,7 @@ def steps(a, device: str, clock: Clock, root: Path, rep: Report) -> None:
     write_csv(out / "evidence_claims.csv", claims)
     cols = ["table", "setting", "dataset", "method", "seed", "rounds_done", "rounds", "paper_rounds", "finished"] + \
         [k for k in (erows[0] if erows else {}) if k.startswith(("best_", "final_")) and k != "best_round"] + \
-        ["best_round", "paper", "seconds"]
+        ["best_round", "paper", "seconds", "run_cpu_seconds"]
     rep.section(f"3. Paper-scale evidence ({time.monotonic() - t:.0f} s)",
                 md_table(erows, cols) + "\n\n" + md_table(claims, ["claim", "verdict", "seeds", "at", "effect",
                                                                     "paper_effect", "per_seed"])

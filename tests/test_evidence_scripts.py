@@ -170,7 +170,11 @@ def test_choose_design_sizes_a_claim_by_its_largest_comparison_and_prices_design
     assert cd.claim_sd({"points": {"r > m1": {}, "r > m2": {}}}, pilot) == 2.0
     assert cd.claim_sd({"points": {"m1 > r": {}}}, pilot) == 1.0        # the order of a pair does not matter
     assert cd.claim_sd({"points": {"r > other": {}}}, pilot) == 4.0     # not piloted: the pilot's largest
-    assert cd.claim_sd({"points": {"diff near 0.5": {}}}, pilot) == 4.0
+    assert cd.claim_sd({"points": {"diff near 0.5": {}}}, pilot) == 4.0   # a band whose methods are not known
+    uses = ['{"dataset": "d", "method": "m1", "setting": "s"}', '{"dataset": "d", "method": "r", "setting": "s"}']
+    assert cd.claim_sd({"points": {"diff near 0.5": {}}, "uses": uses}, pilot) == 1.0   # the two methods it reads
+    assert cd.claim_sd({"points": {"decreasing along setting (ends)": {}}}, pilot) == 4.0   # not a pair
+    assert cd.claim_sd({"points": {"tau=3 > tau=1": {}}}, pilot) == 4.0   # settings of one method, not a pair
     wall = {**pilot, "priced_by": "wall", "cost": 30.0}
     assert cd.cost_ratio("tests_x4", {**pilot, "cost": 12.0}, pilot) == 1.2
     assert cd.cost_ratio("tests_x4", wall, pilot) == 1.0 and cd.cost_ratio("rounds_x2", wall, pilot) == 2.0

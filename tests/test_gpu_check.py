@@ -134,3 +134,25 @@ def test_every_papers_slice_is_its_headline_setting_on_fashion_mnist():
                 assert getattr(cfg, f) == getattr(ref, f), (name, f)
             assert cfg.dataset == "fmnist" and cfg.seed == seed and cfg.device == "cuda"
             assert cfg.rounds == (min(rounds, ref.rounds) if rounds else ref.rounds)
+
+
+@pytest.mark.skipif(not FMNIST_AVAILABLE, reason="needs offline Fashion-MNIST")
+def test_store_keeps_the_evidence_runs_so_a_second_call_reuses_them(tmp_path):
+    """`--store DIR` (the paper-scale tier on a CPU, over several sittings): the second call with the same store trains
+    nothing again (each finished record is untouched and read back with the same numbers); without it, every call
+    trains in a fresh temporary store. A stopped run resumes from its checkpoint through the store (test_store)."""
+    def call(out):
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / out), "--device", "cpu", "--tiny",
+                               "--steps", "3", "--slices", "0", "--store", str(tmp_path / "store"), "--budget-s", "600"],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return _rows(tmp_path / out / "evidence.csv")
+
+    first = call("a")
+    records = sorted((tmp_path / "store").glob("*/*/provenance.json"))
+    assert len(records) == len(first) == 4 and all(r["finished"] == "True" for r in first)
+    stamps = [p.read_text() for p in records]
+    second = call("b")
+    assert [p.read_text() for p in sorted((tmp_path / "store").glob("*/*/provenance.json"))] == stamps
+    keep = ("method", "seed", "best_pm_acc_mean", "final_pm_acc_mean", "run_cpu_seconds")
+    assert [{k: r[k] for k in keep} for r in second] == [{k: r[k] for k in keep} for r in first]

@@ -80,10 +80,9 @@ def groups(stages: dict, cost_of: dict) -> list[dict]:
 def run_costs(stages: dict, runs_dir: Path) -> dict:
     """{config key: mean CPU-seconds of its stored seeds}: `cpu_seconds` where the run recorded it, else wall."""
     per = defaultdict(list)
-    for runs in stages.values():
-        for key, seed, wall, name in runs:
-            prov = json.loads((runs_dir / name / "provenance.json").read_text())
-            per[key].append(float(prov.get("cpu_seconds") or wall))
+    for name, (key, wall) in {name: (key, wall) for runs in stages.values() for key, _, wall, name in runs}.items():
+        prov = json.loads((runs_dir / name / "provenance.json").read_text())     # a run shared by stages: read once
+        per[key].append(float(prov.get("cpu_seconds") or wall))
     return {k: sum(v) / len(v) for k, v in per.items()}
 
 
@@ -108,25 +107,36 @@ def pilots(design_dir: Path, stage_names) -> dict:
     return out
 
 
-_PAIR = re.compile(r"^\s*(\w+)\s*[>< ]\s*(\w+)")
+_PAIR = re.compile(r"^\s*(\w+)\s*[<>]\s*(\w+)(?:\s|$)")     # "a > b", "a < b (margin +1)"
+
+
+def comparisons(claim: dict) -> list | None:
+    """The method pairs a claim's points compare, or None where a point is not one pair the pilot could have run
+    (a trend, a ratio, settings of one method). A band or target on a difference ("diff near 0.5") compares the two
+    methods the claim reads (`uses`)."""
+    out = []
+    methods = sorted({json.loads(u)["method"] for u in claim.get("uses") or [] if "method" in json.loads(u)})
+    for comp in (claim.get("points") or {}):
+        m = _PAIR.match(comp)
+        if m:
+            out.append(m.groups())
+        elif comp.startswith("diff near") and len(methods) == 2:
+            out.append(tuple(methods))
+        else:
+            return None
+    return out
 
 
 def claim_sd(claim: dict, pilot: dict) -> float:
     """The SD a claim's comparisons are sized by under one pilot design: the largest of its comparisons that the pilot
-    ran, and the largest of the pilot's where it did not run one of them."""
+    ran, and the largest of the pilot's where it did not run one of them (or a point is not a pair)."""
     sds = pilot["sd"]
     worst = max(sds.values())
-    found = []
-    for comp in (claim.get("points") or {}):
-        m = _PAIR.match(comp)
-        if not m:
-            return worst
-        a, b = m.groups()
-        s = sds.get((a, b), sds.get((b, a)))
-        if s is None:
-            return worst
-        found.append(s)
-    return max(found) if found else worst
+    pairs = comparisons(claim)
+    if not pairs:
+        return worst
+    found = [sds.get((a, b), sds.get((b, a))) for a, b in pairs]
+    return worst if None in found else max(found)
 
 
 def testable(claim: dict) -> bool:
@@ -257,7 +267,9 @@ def main(argv=None) -> int:
     ap.add_argument("--design-dir", default=str(REPO / "docs" / "evidence" / "design"))
     ap.add_argument("--budget-min", type=float, default=40.0, help="AVX2 wall minutes for the whole repro (rule: 40)")
     ap.add_argument("--avx2-ratio", type=float, default=55 / 42, help="AVX2 wall / this CPU's (docs/performance.md)")
-    ap.add_argument("--ref-wall-min", type=float, default=41 + 59 / 60, help="the measured repro's wall, this CPU")
+    ap.add_argument("--ref-wall-min", type=float, default=57 + 59 / 60,
+                    help="the wall of the repro that filled --results, on this CPU (default: 57:59, the empty-store "
+                    "repro at 513f5e0, issue 54's design; the design was chosen against 1e69f3b's store: 41:59)")
     ap.add_argument("--max-seeds", type=int, default=12)
     ap.add_argument("--designs", default=",".join(CANDIDATES), help="the candidate designs (the issue's list)")
     ap.add_argument("--out", default=None)
