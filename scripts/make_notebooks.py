@@ -232,7 +232,10 @@ def dvc_yaml_text() -> str:
                "metrics/report.json",
         "deps": ["pflrepro/reporting/claims", "pflrepro/reporting/forest.py", "pflrepro/reporting/health.py",
                  "pflrepro/reporting/replication.py", "pflrepro/reporting/tier.py", "pflrepro/reporting/verdicts.py",
+                 "pflrepro/reporting/verdict_md.py", "pflrepro/reporting/html.py",
+                 "pflrepro/pipeline/budget.py", "params",   # the paper profiles' cost (reporting/claims/scale.py)
                  "paper_numbers", "docs/device",   # docs/device: the paper-scale tier's run records (reporting/tier.py)
+                                                   # and the device check's measured rates (reporting/claims/scale.py)
                  "docs/evidence/kernel_paths"]     # the kernel-path check (reporting/claims/kernel.py)
                 + [f"results/{n}" for n in papers] + [f"figures/{n}" for n in papers],
         "outs": ["results/report"],

@@ -73,3 +73,54 @@ def test_what_would_decide_prices_the_missing_seeds_from_the_runs_it_read(tmp_pa
     assert "What would decide the undecided headline claims" in md
     assert "| best | underpowered | 3 | 1 | 2 | 0.9 | 12 | 9.0 min |" in md, md
     assert replication.decide_markdown([_row(verdict="holds")]) == ""
+
+
+def test_gpu_time_and_paper_scale_are_priced_at_the_device_checks_measured_rates(tmp_path, monkeypatch):
+    """`claims.scale`: the seeds still to run at the fastest CUDA engine's rate on mini's workload (a CPU row and a
+    slower engine ignored), from the runs' own FLOP estimates; the paper's scale at the paper-scale workload's rate.
+    By hand: 3 runs of 6e11 FLOPs over 3 seeds = 6e11 a seed; 9 seeds to run at 2e9 FLOP/s = 2,700 s; the paper
+    profile's 8e15 FLOPs at 4e9 FLOP/s = 2e6 s = 556 h."""
+    from pflrepro.reporting.claims import scale
+    lease = tmp_path / "device" / "2026-01-01-h200" / "call1"
+    lease.mkdir(parents=True)
+    pd.DataFrame({"workload": ["a_mini", "a_mini", "a_mini", "b_paper_b64"],
+                  "engine": ["conventional", "batched", "batched", "batched"],
+                  "device": ["cuda", "cuda", "cpu", "cuda"],
+                  "achieved_flops": [1e9, 2e9, 9e9, 4e9]}).to_csv(lease / "bench_engines.csv", index=False)
+    monkeypatch.setattr(scale, "DEVICE_ROOT", tmp_path / "device")
+    assert scale.measured_rates(tmp_path / "device") == {"a_mini": (2e9, "2026-01-01-h200"),
+                                                         "b_paper_b64": (4e9, "2026-01-01-h200")}
+    res = tmp_path / "results"
+    (res / "toy_table").mkdir(parents=True)
+    pd.DataFrame({"method": ["a"] * 3, "seed": [0, 1, 2], "run": ["r0", "r1", "r2"],
+                  "wall_s": [60.0] * 3}).to_csv(res / "toy_table" / "runs.csv", index=False)
+    for r in ("r0", "r1", "r2"):
+        (res / "runs" / r).mkdir(parents=True)
+        (res / "runs" / r / "provenance.json").write_text('{"train_flops_estimate": 6e11}')
+    asked = []
+    monkeypatch.setattr(scale, "paper_flops", lambda stage, methods: asked.append((stage, methods)) or 8e15)
+    rows = [_row()]
+    claims.what_would_decide(rows, res)
+    assert math.isclose(rows[0]["decide_gpu_s"], 2700.0)
+    assert asked == [("toy_table", ("a",))]
+    assert math.isclose(rows[0]["paper_scale"]["gpu_s"], 2e6) and rows[0]["paper_scale"]["tflops"] == 8000
+    md = replication.decide_markdown(rows)
+    assert "| 9.0 min | 45.0 min | 8,000 TFLOPs: 556 h GPU |" in md, md
+    assert "2026-01-01-h200" in md
+    monkeypatch.setattr(scale, "DEVICE_ROOT", tmp_path / "none")    # no lease on record: neither figure
+    rows = [_row()]
+    claims.what_would_decide(rows, res)
+    assert "decide_gpu_s" not in rows[0] and "paper_scale" not in rows[0]
+
+
+def test_paper_flops_are_the_paper_profiles_runs_of_the_claims_methods():
+    """Every seed and setting of the stage's paper profile for those methods, by budget.run_flops (no data needed); a
+    stage without a paper profile has none."""
+    from pflrepro.pipeline import budget
+    from pflrepro.pipeline.experiments import grid, load_profile
+    from pflrepro.reporting.claims import scale
+    g = grid(load_profile("pfedsd_table2", "paper"))
+    want = sum(budget.run_flops(c) for (m, _, _), c in g.items() if m == "fedper")
+    assert len({k[2] for k in g if k[0] == "fedper"}) == 3 and want > 0
+    assert scale.paper_flops("pfedsd_table2", ("fedper",)) == want
+    assert scale.paper_flops("no_such_stage", ("fedper",)) is None

@@ -72,16 +72,30 @@ def decide_markdown(rows: list[dict]) -> str:
     table = [[r["id"], r["verdict"], r["seeds"], fmt(r["seed_sd"]) if r.get("seed_sd") is not None else "—",
               fmt(r["mde"]) if r.get("mde") is not None else "—",
               fmt(r["paper_gap"]) if r.get("paper_gap") is not None else "—", seeds(r),
-              _duration(3600 * r["decide_cpu_hours"]) if r.get("decide_cpu_hours") else "—"] for r in undecided]
+              _duration(3600 * r["decide_cpu_hours"]) if r.get("decide_cpu_hours") else "—",
+              _duration(r["decide_gpu_s"]) if r.get("decide_gpu_s") else "—", _paper_scale(r.get("paper_scale"))]
+             for r in undecided]
+    leases = sorted({r["paper_scale"]["lease"] for r in undecided if r.get("paper_scale")})
     return ("### What would decide the undecided headline claims\n\n"
             "Per claim: its main effect's spread over the paired seeds, the effect these seeds detect with 80 % power "
             "(the main comparison, one-sided at its level), the paper's own effect beyond the claim's boundary (on its "
             "printed numbers), the paired seeds at which the whole claim (every comparison and cell it needs, at their "
             "levels) would hold with 80 % power were the paper's effects true at these spreads, and the CPU time of "
-            "the seeds still to run (the measured wall time of the runs it read, per seed, on this machine). Planning "
-            "from the spreads seen, never a verdict.\n\n"
+            "the seeds still to run (the measured wall time of the runs it read, per seed, on this machine). On a GPU: "
+            "the same seeds' training FLOPs at the rate the device check measured on mini's workload; at the paper's "
+            "scale: the claim's methods in every setting of the stage's paper profile, three seeds, at the rate it "
+            "measured on a paper-scale small CNN (B = 64; a larger model uses a GPU better, so an upper bound there)"
+            + (f" (H200 lease {', '.join(leases)}: `pflrepro.reporting.claims.scale`)" if leases else "")
+            + ". Planning from the spreads seen, never a verdict.\n\n"
             + _md_table(["claim", "verdict", "seeds", "per-seed sd", "detectable now", "paper's effect",
-                         "seeds to detect it", "CPU time for them"], table))
+                         "seeds to detect it", "CPU time for them", "on a GPU", "at the paper's scale"], table))
+
+
+def _paper_scale(ps: dict | None) -> str:
+    if not ps:
+        return "—"
+    h = ps["gpu_s"] / 3600
+    return f"{ps['tflops']:,.0f} TFLOPs: " + (_duration(ps["gpu_s"]) if h < 100 else f"{h:,.0f} h") + " GPU"
 
 
 FORKING_PATHS = claims.CLAIMS_DIR / "forking_paths.yaml"

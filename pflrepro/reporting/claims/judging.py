@@ -14,7 +14,7 @@ import pandas as pd
 import yaml
 
 from .. import verdicts
-from . import kernel, loading
+from . import kernel, loading, scale
 from .loading import _LOADER, DEFAULT_PAPER_SEEDS, REPO_ROOT, ROBUST_COLUMN, _as_list, claims_files, load
 from .effects import _fmt, Comparison
 from .cells import _filter, _ref_label, Evaluator, NotRun
@@ -426,7 +426,8 @@ def what_would_decide(rows: list[dict], results_root: Path) -> None:
     """For each undecided headline claim: the paired seeds at which it would hold with 80 % power were the paper's own
     effects true (`seeds_needed`: every comparison and cell it needs, at this profile's per-seed spreads), and what
     they would cost on this machine: the measured wall time of the runs the claim read, per seed, times the seeds
-    still to run (`decide_seeds`, `decide_cpu_hours`). Planning, never a verdict."""
+    still to run (`decide_seeds`, `decide_cpu_hours`); on a GPU and at the paper's scale, at the device check's
+    measured rates (`scale.attach`: `decide_gpu_s`, `paper_scale`). Planning, never a verdict."""
     for r in rows:
         if not r.get("headline") or r["verdict"] not in ("inconclusive", "underpowered"):
             continue
@@ -441,10 +442,12 @@ def what_would_decide(rows: list[dict], results_root: Path) -> None:
         runs = _stage_runs(results_root, r["stage"])
         walls = {} if runs is None or "wall_s" not in runs.columns else dict(zip(runs["run"].astype(str),
                                                                                  pd.to_numeric(runs["wall_s"], errors="coerce")))
-        used = [walls[x] for x in _runs_of(r, results_root) if x in walls and walls[x] == walls[x]]
+        names = _runs_of(r, results_root)
+        used = [walls[x] for x in names if x in walls and walls[x] == walls[x]]
         per_seed = sum(used) / r["seeds"] if used and r["seeds"] else None
-        r["decide_cpu_hours"] = (per_seed * max(n - r["seeds"], 0) / 3600 if per_seed is not None and n is not None
-                                 and n <= MAX_SEEDS else None)
+        to_run = max(n - r["seeds"], 0) if n is not None and n <= MAX_SEEDS else None
+        r["decide_cpu_hours"] = per_seed * to_run / 3600 if per_seed is not None and to_run is not None else None
+        scale.attach(r, sorted(names), results_root, to_run)
 
 
 def _stage_runs(results_root: Path, stage: str) -> pd.DataFrame | None:
