@@ -316,3 +316,18 @@ def test_the_grid_runs_corners_first_and_tabulates_a_point_with_a_divergence(tmp
     assert row["diff_final"] == pytest.approx(2.0)                 # (2 + 1 + 3) / 3 points, the diverged seed unpaired
     assert row["final_lo"] < 2.0 < row["final_hi"]
     assert row["part_round"] == 2                                  # a side diverged there (and 10 points apart)
+
+
+def test_divergence_rates_are_compared_by_an_exact_test_stratified_by_point():
+    """pfedsd_grid.stratified_exact: conditional on each point's total divergences, ours' count is hypergeometric under
+    equal rates, and the points' counts add. By hand: 3 of 3 against 0 of 3 is C(3,3) C(3,0) / C(6,3) = 1/20 one-sided
+    (Fisher's exact test), two such points 1/400; a point where all or none diverged changes nothing."""
+    from scipy.stats import fisher_exact
+    from tests.conftest import load_script
+    g = load_script(REPO_ROOT / "scripts" / "crosscheck" / "pfedsd_grid.py")
+    assert g.stratified_exact([(3, 3, 0, 3)]) == pytest.approx((0.05, 0.10))
+    assert g.stratified_exact([(3, 3, 0, 3), (3, 3, 0, 3)]) == pytest.approx((0.0025, 0.005))
+    assert g.stratified_exact([(3, 3, 0, 3), (3, 3, 3, 3), (0, 3, 0, 3)]) == pytest.approx((0.05, 0.10))
+    one, two = g.stratified_exact([(5, 10, 2, 10)])
+    assert one == pytest.approx(fisher_exact([[5, 5], [2, 8]], alternative="greater")[1])
+    assert two == pytest.approx(fisher_exact([[5, 5], [2, 8]])[1])

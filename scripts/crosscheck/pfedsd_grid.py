@@ -122,6 +122,42 @@ def point_rows(p, folder: Path) -> list[dict]:
     return out
 
 
+def stratified_exact(strata: list[tuple[int, int, int, int]]) -> tuple[float, float]:
+    """Are ours' divergences more (or less) frequent than theirs, each grid point a stratum with its own rate?
+    `strata`: (ours diverged, ours seeds, theirs diverged, theirs seeds) per point. Conditional on each point's total
+    divergences, ours' count is hypergeometric under equal rates; their sum over the points has the convolution of
+    those laws (the exact conditional test of the Mantel-Haenszel setting). Returns (one-sided p for ours diverging
+    more often, two-sided p: the probability of a sum no more likely than the one seen). A point where every run or
+    none diverged has one possible count and changes nothing."""
+    from math import comb
+    law, seen = {0: 1.0}, 0
+    for x1, n1, x2, n2 in strata:
+        t = x1 + x2
+        here = {k: comb(n1, k) * comb(n2, t - k) / comb(n1 + n2, t) for k in range(max(0, t - n2), min(n1, t) + 1)}
+        nxt: dict = {}
+        for a, pa in law.items():
+            for k, pk in here.items():
+                nxt[a + k] = nxt.get(a + k, 0.0) + pa * pk
+        law, seen = nxt, seen + x1
+    one = sum(p for a, p in law.items() if a >= seen)
+    two = sum(p for p in law.values() if p <= law[seen] * (1 + 1e-9))
+    return min(one, 1.0), min(two, 1.0)
+
+
+def _pair(a: float, b: float) -> str:
+    return "—" if not (np.isfinite(a) and np.isfinite(b)) else f"{a:.1f} / {b:.1f}"
+
+
+def _diff(r: dict, name: str) -> str:
+    """ours - theirs with its interval; with fewer than 3 seeds both sides finished, the mean alone and why."""
+    m, lo, hi = r[f"diff_{name}"], r[f"{name}_lo"], r[f"{name}_hi"]
+    if not np.isfinite(m):
+        return "— (no seed finished on both sides)"
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return f"{m:+.1f} ({r['both']} seed{'s' * (r['both'] != 1)} on both sides: no interval)"
+    return f"{m:+.1f} [{lo:+.1f}, {hi:+.1f}]"
+
+
 def summarize(opts, grid: list) -> list[dict]:
     rows = [r for p in grid for r in point_rows(p, Path(opts.out) / tag(p))]
     if not rows:
@@ -134,9 +170,15 @@ def summarize(opts, grid: list) -> list[dict]:
              "| best: ours - theirs [90 %] | curves part at round |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['lr']:g} | {r['B']} | {r['E']} | {r['algorithm']} | {r['seeds']} | "
-                     f"{r['diverged_ours']} / {r['diverged_theirs']} | {r['ours_final']:.1f} / {r['theirs_final']:.1f} "
-                     f"| {r['diff_final']:+.1f} [{r['final_lo']:+.1f}, {r['final_hi']:+.1f}] | {r['diff_best']:+.1f} "
-                     f"[{r['best_lo']:+.1f}, {r['best_hi']:+.1f}] | {r['part_round'] or '-'} |")
+                     f"{r['diverged_ours']} / {r['diverged_theirs']} | {_pair(r['ours_final'], r['theirs_final'])} "
+                     f"| {_diff(r, 'final')} | {_diff(r, 'best')} | {r['part_round'] or '-'} |")
+    lines.append("")
+    for algo in dict.fromkeys(r["algorithm"] for r in rows):
+        st = [(r["diverged_ours"], r["seeds"], r["diverged_theirs"], r["seeds"]) for r in rows if r["algorithm"] == algo]
+        one, two = stratified_exact(st)
+        lines.append(f"- {algo}: diverged ours {sum(x[0] for x in st)}, theirs {sum(x[2] for x in st)} of "
+                     f"{sum(x[1] for x in st)} runs a side over {len(st)} points; exact test stratified by point: "
+                     f"one-sided p (ours more often) {one:.3f}, two-sided {two:.3f}")
     (Path(opts.out) / "grid_summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return rows
