@@ -118,6 +118,8 @@ def point_rows(p, folder: Path) -> list[dict]:
             row["diverged_ours"] = sum(1 for r in sel if r["ours_diverged_round"] != "")
             row["diverged_theirs"] = sum(1 for r in sel if r["theirs_diverged_round"] != "")
         row["part_round"] = parting_round([r for r in rounds if r["algorithm"] == algo])
+        row["diverged_by_seed"] = {int(r["seed"]): (r["ours_diverged_round"] != "", r["theirs_diverged_round"] != "")
+                                   for r in mine if r["metric"] == "pm_mean"}
         out.append(row)
     return out
 
@@ -158,6 +160,29 @@ def _diff(r: dict, name: str) -> str:
     return f"{m:+.1f} [{lo:+.1f}, {hi:+.1f}]"
 
 
+def _strata(rows: list[dict], seeds: str) -> list[tuple[str, list]]:
+    """Per algorithm, each point's (ours diverged, runs, theirs diverged, runs) over the named seeds ("3-9" or "3,4")
+    that finished on both sides' records."""
+    lo_hi = [int(x) for x in seeds.split("-")] if "-" in seeds else None
+    keep = set(range(lo_hi[0], lo_hi[1] + 1)) if lo_hi else {int(x) for x in seeds.split(",")}
+    out = []
+    for algo in dict.fromkeys(r["algorithm"] for r in rows):
+        st = []
+        for r in rows:
+            if r["algorithm"] == algo:
+                got = [v for s, v in r["diverged_by_seed"].items() if s in keep]
+                st.append((sum(o for o, _ in got), len(got), sum(t for _, t in got), len(got)))
+        out.append((algo, st))
+    return out
+
+
+def _divergence_line(algo: str, st: list) -> str:
+    one, two = stratified_exact(st)
+    return (f"- {algo}: diverged ours {sum(x[0] for x in st)}, theirs {sum(x[2] for x in st)} of "
+            f"{sum(x[1] for x in st)} runs a side over {len(st)} points; exact test stratified by point: "
+            f"one-sided p (ours more often) {one:.3f}, two-sided {two:.3f}")
+
+
 def summarize(opts, grid: list) -> list[dict]:
     rows = [r for p in grid for r in point_rows(p, Path(opts.out) / tag(p))]
     if not rows:
@@ -165,7 +190,7 @@ def summarize(opts, grid: list) -> list[dict]:
         return rows
     sys.path.insert(0, str(HERE))
     from _shared import write_csv
-    write_csv(Path(opts.out) / "grid_summary.csv", rows)
+    write_csv(Path(opts.out) / "grid_summary.csv", [{k: v for k, v in r.items() if k != "diverged_by_seed"} for r in rows])
     lines = ["| lr | B | E | method | seeds | diverged ours / theirs | final ours / theirs | ours - theirs final [90 %] "
              "| best: ours - theirs [90 %] | curves part at round |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -175,10 +200,10 @@ def summarize(opts, grid: list) -> list[dict]:
     lines.append("")
     for algo in dict.fromkeys(r["algorithm"] for r in rows):
         st = [(r["diverged_ours"], r["seeds"], r["diverged_theirs"], r["seeds"]) for r in rows if r["algorithm"] == algo]
-        one, two = stratified_exact(st)
-        lines.append(f"- {algo}: diverged ours {sum(x[0] for x in st)}, theirs {sum(x[2] for x in st)} of "
-                     f"{sum(x[1] for x in st)} runs a side over {len(st)} points; exact test stratified by point: "
-                     f"one-sided p (ours more often) {one:.3f}, two-sided {two:.3f}")
+        lines.append(_divergence_line(algo, st))
+    if opts.test_seeds:
+        lines += ["", f"Confirmatory test on seeds {opts.test_seeds} only (fixed before they ran; the seeds that chose "
+                  "the points are left out):"] + [_divergence_line(a, st) for a, st in _strata(rows, opts.test_seeds)]
     (Path(opts.out) / "grid_summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return rows
@@ -194,6 +219,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--algorithms", default="pfedsd,fedavg")
     ap.add_argument("--summarize", action="store_true", help="only write the table of what has finished")
+    ap.add_argument("--test-seeds", default="", help="also test the divergence rates on these seeds alone (\"3-9\"): "
+                    "a confirmatory test fixed before they ran")
     opts = ap.parse_args(argv)
     grid = points([float(x) for x in opts.lrs.split(",")], [int(x) for x in opts.batch_sizes.split(",")],
                   [int(x) for x in opts.epochs.split(",")])
