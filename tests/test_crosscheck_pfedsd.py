@@ -331,3 +331,16 @@ def test_divergence_rates_are_compared_by_an_exact_test_stratified_by_point():
     one, two = g.stratified_exact([(5, 10, 2, 10)])
     assert one == pytest.approx(fisher_exact([[5, 5], [2, 8]], alternative="greater")[1])
     assert two == pytest.approx(fisher_exact([[5, 5], [2, 8]])[1])
+
+
+def test_the_divergence_tests_power_is_its_rejection_rate_by_simulation():
+    """pfedsd_grid.power: rates 1 against 0 at 3 points of 7 seeds always reject (two-sided p = 2 / 3432^3, about
+    5e-11); at equal rates the exact test rejects at most about alpha (it is conservative); the estimate repeats for
+    one seed and grows with the seeds a point."""
+    from tests.conftest import load_script
+    g = load_script(REPO_ROOT / "scripts" / "crosscheck" / "pfedsd_grid.py")
+    assert g.power([(1.0, 0.0)] * 3, 7, draws=50) == 1.0
+    null = g.power([(0.45, 0.45)] * 3, 7, draws=400)
+    assert null <= 0.05 + 2 * (0.05 * 0.95 / 400) ** 0.5
+    assert g.power([(0.6, 0.3)] * 3, 7, draws=200) == g.power([(0.6, 0.3)] * 3, 7, draws=200)
+    assert g.power([(0.8, 0.2)] * 3, 10, draws=200) > g.power([(0.8, 0.2)] * 3, 3, draws=200)
