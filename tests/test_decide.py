@@ -87,6 +87,10 @@ def test_gpu_time_and_paper_scale_are_priced_at_the_device_checks_measured_rates
                   "engine": ["conventional", "batched", "batched", "batched"],
                   "device": ["cuda", "cuda", "cpu", "cuda"],
                   "achieved_flops": [1e9, 2e9, 9e9, 4e9]}).to_csv(lease / "bench_engines.csv", index=False)
+    older = tmp_path / "device" / "2025-06-01-h100" / "call1"     # an older lease's faster engine: the newest counts
+    older.mkdir(parents=True)
+    pd.DataFrame({"workload": ["a_mini"], "engine": ["batched"], "device": ["cuda"],
+                  "achieved_flops": [5e10]}).to_csv(older / "bench_engines.csv", index=False)
     monkeypatch.setattr(scale, "DEVICE_ROOT", tmp_path / "device")
     assert scale.measured_rates(tmp_path / "device") == {"a_mini": (2e9, "2026-01-01-h200"),
                                                          "b_paper_b64": (4e9, "2026-01-01-h200")}
@@ -111,6 +115,17 @@ def test_gpu_time_and_paper_scale_are_priced_at_the_device_checks_measured_rates
     rows = [_row()]
     claims.what_would_decide(rows, res)
     assert "decide_gpu_s" not in rows[0] and "paper_scale" not in rows[0]
+
+
+def test_the_methods_a_claim_read_are_parsed_from_its_uses_once_for_every_reader():
+    """`loading.used_keys` / `used_methods`: each `uses` key parsed to its fields; the methods sorted, each once, and a
+    cell without a method column adds none."""
+    from pflrepro.reporting.claims.loading import used_keys, used_methods
+    row = {"uses": ['{"method": "fedper", "setting": "a"}', '{"method": "fedavg", "setting": "a"}',
+                    '{"method": "fedper", "setting": "b"}', '{"setting": "a"}']}
+    assert used_keys(row)['{"setting": "a"}'] == {"setting": "a"}
+    assert used_methods(row) == ("fedavg", "fedper")
+    assert used_methods({"uses": []}) == () and used_methods({}) == ()
 
 
 def test_paper_flops_are_the_paper_profiles_runs_of_the_claims_methods():

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from pflrepro.reporting.claims.loading import used_methods
+
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).parent
 
@@ -115,7 +117,7 @@ def comparisons(claim: dict) -> list | None:
     (a trend, a ratio, settings of one method). A band or target on a difference ("diff near 0.5") compares the two
     methods the claim reads (`uses`)."""
     out = []
-    methods = sorted({json.loads(u)["method"] for u in claim.get("uses") or [] if "method" in json.loads(u)})
+    methods = used_methods(claim)
     for comp in (claim.get("points") or {}):
         m = _PAIR.match(comp)
         if m:

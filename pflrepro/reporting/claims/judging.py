@@ -15,7 +15,7 @@ import yaml
 
 from .. import verdicts
 from . import kernel, loading, scale
-from .loading import _LOADER, DEFAULT_PAPER_SEEDS, REPO_ROOT, ROBUST_COLUMN, _as_list, claims_files, load
+from .loading import _LOADER, DEFAULT_PAPER_SEEDS, REPO_ROOT, ROBUST_COLUMN, _as_list, claims_files, load, used_keys
 from .effects import _fmt, Comparison
 from .cells import _filter, _ref_label, Evaluator, NotRun
 from .forms import EVALUATORS, _quantifier
@@ -463,8 +463,7 @@ def _runs_of(row: dict, results_root: Path) -> set[str]:
     that cannot be matched, the stage's table itself stands for them."""
     runs = _stage_runs(results_root, row["stage"])
     out = set()
-    for key in row["uses"]:
-        k = json.loads(key)
+    for key, k in used_keys(row).items():
         hit = None
         if runs is not None and "run" in runs.columns:
             m = np.ones(len(runs), dtype=bool)

@@ -1,6 +1,7 @@
 """The claims files: loading and validating `paper_numbers/<paper>_claims.yaml` (the forms, their fields and choices)."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -133,6 +134,17 @@ def _validate(c: dict, name: str) -> None:
         raise ClaimsError(f"{name}: headline must be true or false")
     if "paper_view" in c and not (c["paper_view"] is False or isinstance(c["paper_view"], dict)):
         raise ClaimsError(f"{name}: paper_view must be false or {{rename: {{...}}, select: {{...}}}}")
+
+
+def used_keys(row: dict) -> dict:
+    """{key: its fields}: the cells a claim read (its row's `uses`, each a JSON object of key columns, as `judge`
+    writes them), parsed once for every reader (the runs behind a claim, its methods, the design rule's pairs)."""
+    return {u: json.loads(u) for u in row.get("uses") or []}
+
+
+def used_methods(row: dict) -> tuple:
+    """The methods a claim read, sorted, each once (cells without a method column add none)."""
+    return tuple(sorted({k["method"] for k in used_keys(row).values() if "method" in k}))
 
 
 def _as_list(x) -> list:

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from ...paths import REPO_ROOT
+from .loading import used_methods
 
 DEVICE_ROOT = REPO_ROOT / "docs" / "device"
 MINI_WORKLOAD = "a_mini"          # cnn_cifar10 on Fashion-MNIST, 20 clients, B = 16 (benchmarks/bench_engines.py)
@@ -28,18 +29,14 @@ PAPER_WORKLOAD = "b_paper_b64"    # cnn_cifar10 at 32 x 32, 100 clients, 10 a ro
 
 @functools.lru_cache(maxsize=None)
 def measured_rates(root: Path = DEVICE_ROOT) -> dict:
-    """{workload: (FLOP/s, where)}: the fastest engine's achieved training rate on a CUDA device, over every lease's
-    benchmark rows (the newest lease where two measured one workload)."""
-    out: dict = {}
-    for f in sorted(root.glob("*/*/bench_engines.csv")):
+    """{workload: (FLOP/s, lease)}: the fastest engine's achieved training rate on a CUDA device, from the newest lease
+    that measured the workload (leases are named by date, so the newest sorts last)."""
+    rows = []       # (lease, rate, workload): sorted, the newest lease's fastest engine comes last for each workload
+    for f in root.glob("*/*/bench_engines.csv"):
         with open(f) as fh:
-            rows = [r for r in csv.DictReader(fh) if r.get("device") == "cuda" and r.get("achieved_flops")]
-        for w in {r["workload"] for r in rows}:
-            best = max(float(r["achieved_flops"]) for r in rows if r["workload"] == w)
-            lease = f.parent.parent.name
-            if w not in out or lease > out[w][1] or (lease == out[w][1] and best > out[w][0]):
-                out[w] = (best, lease)
-    return out
+            rows += [(f.parent.parent.name, float(r["achieved_flops"]), r["workload"]) for r in csv.DictReader(fh)
+                     if r.get("device") == "cuda" and r.get("achieved_flops")]
+    return {w: (rate, lease) for lease, rate, w in sorted(rows)}
 
 
 def seed_flops(run_names, results_root: Path, seeds: int) -> float | None:
@@ -71,12 +68,12 @@ def attach(row: dict, run_names, results_root: Path, seeds_to_run: int | None) -
     """Add `decide_gpu_s` (the seeds still to run, on the measured GPU) and `paper_scale` (TFLOPs and GPU hours of the
     paper's scale) to an undecided headline claim's row, where the rates are on record."""
     rates = measured_rates(DEVICE_ROOT)
-    real = [n for n in run_names if "/" not in n]
-    if MINI_WORKLOAD in rates and seeds_to_run is not None and len(real) == len(run_names):
-        per_seed = seed_flops(real, results_root, row["seeds"])
+    every_run_known = all("/" not in n for n in run_names)     # "/" names a table standing in for unmatched runs
+    if MINI_WORKLOAD in rates and seeds_to_run is not None and every_run_known:
+        per_seed = seed_flops(run_names, results_root, row["seeds"])
         if per_seed is not None:
             row["decide_gpu_s"] = per_seed * seeds_to_run / rates[MINI_WORKLOAD][0]
-    methods = tuple(sorted({json.loads(u).get("method") for u in row.get("uses") or []} - {None}))
+    methods = used_methods(row)
     flops = paper_flops(row["stage"], methods) if methods else None
     if PAPER_WORKLOAD in rates and flops:
         row["paper_scale"] = {"tflops": flops / 1e12, "gpu_s": flops / rates[PAPER_WORKLOAD][0],
