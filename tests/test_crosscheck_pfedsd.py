@@ -344,3 +344,16 @@ def test_the_divergence_tests_power_is_its_rejection_rate_by_simulation():
     assert null <= 0.05 + 2 * (0.05 * 0.95 / 400) ** 0.5
     assert g.power([(0.6, 0.3)] * 3, 7, draws=200) == g.power([(0.6, 0.3)] * 3, 7, draws=200)
     assert g.power([(0.8, 0.2)] * 3, 10, draws=200) > g.power([(0.8, 0.2)] * 3, 3, draws=200)
+
+
+def test_the_confirmatory_test_counts_only_the_named_seeds():
+    """pfedsd_grid._strata: per algorithm and point, (ours diverged, runs, theirs diverged, runs) over the seeds named
+    ("3-9" a range, "3,5" a list); seeds outside it, and seeds a point has not finished, are left out."""
+    from tests.conftest import load_script
+    g = load_script(REPO_ROOT / "scripts" / "crosscheck" / "pfedsd_grid.py")
+    rows = [{"algorithm": "pfedsd", "diverged_by_seed": {0: (True, True), 1: (True, False), 3: (True, False),
+                                                          4: (False, True), 9: (False, False)}},
+            {"algorithm": "pfedsd", "diverged_by_seed": {2: (True, True), 5: (False, True)}},
+            {"algorithm": "fedavg", "diverged_by_seed": {3: (False, False)}}]
+    assert g._strata(rows, "3-9") == [("pfedsd", [(1, 3, 1, 3), (0, 1, 1, 1)]), ("fedavg", [(0, 1, 0, 1)])]
+    assert g._strata(rows, "0,2") == [("pfedsd", [(1, 1, 1, 1), (1, 1, 1, 1)]), ("fedavg", [(0, 0, 0, 0)])]
