@@ -12,6 +12,8 @@ range. A divergence on either side is a result (`pfedsd_authors.py` records it a
     nohup nice -n 19 .venv/bin/python scripts/crosscheck/pfedsd_grid.py --authors /tmp/pfedsd_authors \
         --out /work/xgrid > /work/xgrid.log 2>&1 &
     .venv/bin/python scripts/crosscheck/pfedsd_grid.py --out /work/xgrid --summarize   # the table so far
+    ... --summarize --test-seeds 3-9    # also the divergence test on those seeds alone (fixed before they ran)
+    .venv/bin/python scripts/crosscheck/pfedsd_grid.py --power 7   # that test's power at 7 seeds a point
 
 Written to --out: `grid_summary.csv` (per point and algorithm: seeds with both sides, each side's diverged count,
 the paired difference ours - theirs of the final metric (mean of the last 3 rounds) and of the best round, each with
