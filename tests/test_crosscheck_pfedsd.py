@@ -357,3 +357,6 @@ def test_the_confirmatory_test_counts_only_the_named_seeds():
             {"algorithm": "fedavg", "diverged_by_seed": {3: (False, False)}}]
     assert g._strata(rows, "3-9") == [("pfedsd", [(1, 3, 1, 3), (0, 1, 1, 1)]), ("fedavg", [(0, 1, 0, 1)])]
     assert g._strata(rows, "0,2") == [("pfedsd", [(1, 1, 1, 1), (1, 1, 1, 1)]), ("fedavg", [(0, 0, 0, 0)])]
+    for bad in ("9-3", "a", "3-"):      # refused in one line before anything is read
+        with pytest.raises(SystemExit):
+            g.main(["--summarize", "--out", "/nonexistent", "--test-seeds", bad])

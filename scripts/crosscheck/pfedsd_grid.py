@@ -179,11 +179,20 @@ def _diff(r: dict, name: str) -> str:
     return f"{m:+.1f} [{lo:+.1f}, {hi:+.1f}]"
 
 
+def seed_set(text: str) -> set[int]:
+    """"3-9" (a range, both ends in) or "3,5" (a list) as a set of seeds; ValueError on anything else."""
+    if "-" in text:
+        lo, hi = (int(x) for x in text.split("-"))
+        if lo > hi:
+            raise ValueError(f"{text!r}: the range runs backwards")
+        return set(range(lo, hi + 1))
+    return {int(x) for x in text.split(",")}
+
+
 def _strata(rows: list[dict], seeds: str) -> list[tuple[str, list]]:
     """Per algorithm, each point's (ours diverged, runs, theirs diverged, runs) over the named seeds ("3-9" or "3,4")
     that finished on both sides' records."""
-    lo_hi = [int(x) for x in seeds.split("-")] if "-" in seeds else None
-    keep = set(range(lo_hi[0], lo_hi[1] + 1)) if lo_hi else {int(x) for x in seeds.split(",")}
+    keep = seed_set(seeds)
     out = []
     for algo in dict.fromkeys(r["algorithm"] for r in rows):
         st = []
@@ -243,6 +252,10 @@ def main(argv=None) -> int:
     ap.add_argument("--power", type=int, default=0, metavar="N",
                     help="only print the test's power at N seeds a point for the alternatives in POWER_CASES")
     opts = ap.parse_args(argv)
+    try:
+        seed_set(opts.test_seeds) if opts.test_seeds else None
+    except ValueError:
+        ap.error(f"--test-seeds={opts.test_seeds!r}: a range such as 3-9 or a list such as 3,5")
     if opts.power:
         for name, rates in POWER_CASES.items():
             print(f"{name}: {power(rates, opts.power):.3f}")
