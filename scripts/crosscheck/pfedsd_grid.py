@@ -36,6 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 HERE = Path(__file__).resolve().parent
 BASE = ["--n-clients", "10", "--rounds", "8", "--subsample", "0.05", "--last", "3"]
+SUMMARY_COLUMNS = ("lr", "B", "E", "algorithm", "seeds", "both", "ours_final", "theirs_final", "diff_final", "final_lo",
+                   "final_hi", "diverged_ours", "diverged_theirs", "ours_best", "theirs_best", "diff_best", "best_lo",
+                   "best_hi", "part_round")
 PART = 3.0           # points: where the seed-mean per-round difference first exceeds this, the curves have parted
 N_TEST = 700         # test images of the base setting (10 clients x 70): the floor of a paired difference
 
@@ -117,11 +120,11 @@ def point_rows(p, folder: Path) -> list[dict]:
             m, lo, hi = interval([100 * _num(r["diff"]) for r in ok],
                                  ([100 * _num(r["ours"]) for r in ok], [100 * _num(r["theirs"]) for r in ok]))
             row.update({f"diff_{name}": m, f"{name}_lo": lo, f"{name}_hi": hi})
-            row["diverged_ours"] = sum(1 for r in sel if r["ours_diverged_round"] != "")
-            row["diverged_theirs"] = sum(1 for r in sel if r["theirs_diverged_round"] != "")
         row["part_round"] = parting_round([r for r in rounds if r["algorithm"] == algo])
         row["diverged_by_seed"] = {int(r["seed"]): (r["ours_diverged_round"] != "", r["theirs_diverged_round"] != "")
                                    for r in mine if r["metric"] == "pm_mean"}
+        row["diverged_ours"] = sum(o for o, _ in row["diverged_by_seed"].values())
+        row["diverged_theirs"] = sum(t for _, t in row["diverged_by_seed"].values())
         out.append(row)
     return out
 
@@ -189,16 +192,16 @@ def seed_set(text: str) -> set[int]:
     return {int(x) for x in text.split(",")}
 
 
-def _strata(rows: list[dict], seeds: str) -> list[tuple[str, list]]:
-    """Per algorithm, each point's (ours diverged, runs, theirs diverged, runs) over the named seeds ("3-9" or "3,4")
-    that finished on both sides' records."""
-    keep = seed_set(seeds)
+def _strata(rows: list[dict], seeds: str = "") -> list[tuple[str, list]]:
+    """Per algorithm, each point's (ours diverged, runs, theirs diverged, runs) over the named seeds ("3-9" or "3,4";
+    empty: every seed) that finished on both sides' records."""
+    keep = seed_set(seeds) if seeds else None
     out = []
     for algo in dict.fromkeys(r["algorithm"] for r in rows):
         st = []
         for r in rows:
             if r["algorithm"] == algo:
-                got = [v for s, v in r["diverged_by_seed"].items() if s in keep]
+                got = [v for s, v in r["diverged_by_seed"].items() if keep is None or s in keep]
                 st.append((sum(o for o, _ in got), len(got), sum(t for _, t in got), len(got)))
         out.append((algo, st))
     return out
@@ -218,7 +221,7 @@ def summarize(opts, grid: list) -> list[dict]:
         return rows
     sys.path.insert(0, str(HERE))
     from _shared import write_csv
-    write_csv(Path(opts.out) / "grid_summary.csv", [{k: v for k, v in r.items() if k != "diverged_by_seed"} for r in rows])
+    write_csv(Path(opts.out) / "grid_summary.csv", [{k: r[k] for k in SUMMARY_COLUMNS} for r in rows])
     lines = ["| lr | B | E | method | seeds | diverged ours / theirs | final ours / theirs | ours - theirs final [90 %] "
              "| best: ours - theirs [90 %] | curves part at round |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -226,9 +229,7 @@ def summarize(opts, grid: list) -> list[dict]:
                      f"{r['diverged_ours']} / {r['diverged_theirs']} | {_pair(r['ours_final'], r['theirs_final'])} "
                      f"| {_diff(r, 'final')} | {_diff(r, 'best')} | {r['part_round'] or '-'} |")
     lines.append("")
-    for algo in dict.fromkeys(r["algorithm"] for r in rows):
-        st = [(r["diverged_ours"], r["seeds"], r["diverged_theirs"], r["seeds"]) for r in rows if r["algorithm"] == algo]
-        lines.append(_divergence_line(algo, st))
+    lines += [_divergence_line(algo, st) for algo, st in _strata(rows)]
     if opts.test_seeds:
         lines += ["", f"Confirmatory test on seeds {opts.test_seeds} only (fixed before they ran; the seeds that chose "
                   "the points are left out):"] + [_divergence_line(a, st) for a, st in _strata(rows, opts.test_seeds)]
