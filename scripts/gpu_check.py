@@ -31,7 +31,10 @@ it runs in CI (tests/test_gpu_check.py), so the check cannot rot before the next
 
 `--store DIR` keeps the evidence runs in DIR: a second call with the same DIR resumes each run the first stopped at
 its budget from its last checkpoint (bit for bit on a CPU) and reuses each finished one, so the paper-scale tier can
-train on a CPU over several sittings (`--device cpu --steps 3 --store DIR`, the budget as long as a sitting)."""
+train on a CPU over several sittings (`--device cpu --steps 3 --store DIR`, the budget as long as a sitting).
+Where the machine is wiped between sittings, `--records DIR` copies each finished record, verified, into DIR in the
+tier's layout (runs.tar.gz's, unpacked) to be committed, and `--collect` trains nothing: it reads and copies what the
+store has finished, for a sitting that ends before the call does."""
 from __future__ import annotations
 
 import argparse
@@ -469,7 +472,9 @@ def plan(which, tiny: bool) -> list:
 
 
 def evidence(device: str, clock: Clock, tiny: bool, parallel: int, root: Path, rep: Report, which,
-             only_methods=(), only_seeds=()) -> tuple:
+             only_methods=(), only_seeds=(), collect: bool = False) -> tuple:
+    """Step 3: each chosen slice's runs trained into the store `root` (resumed or reused where it holds them), then
+    read back; `collect`: nothing trains, only what the store has finished is read."""
     from pflrepro.pipeline.experiments import load_profile
     rows, curves, claims, skipped, finished = [], [], [], [], []
     for name, setting, methods, rounds, over in plan(which, tiny):
@@ -487,7 +492,12 @@ def evidence(device: str, clock: Clock, tiny: bool, parallel: int, root: Path, r
         rep.say(f"  {name} / {setting} on {next(iter(configs.values())).dataset}: {len(configs)} runs, seeds of a "
                 f"method stacked, {parallel} processes at once, {left:.0f} s{cut}")
         where = root / f"{name}-{setting.replace(' ', '_').replace('=', '').replace('%', '')}"
-        done = run_slice(configs, parallel, left, where, rep)
+        if collect:
+            configs = {k: c for k, c in configs.items() if is_finished(run_dir(c, where))}
+            if not configs:
+                continue
+        done = {k: (history_of(c, where), None) for k, c in configs.items()} if collect else \
+            run_slice(configs, parallel, left, where, rep)
         r, c = evidence_rows(name, setting, configs, done, metric, {k: full[k].rounds for k in configs}, paper_dataset)
         for row, cfg in zip(r, configs.values()):    # `seconds` is this call's; a run's own CPU time is its record's
             prov = run_dir(cfg, where) / "provenance.json"
@@ -502,6 +512,40 @@ def slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in text)
 
 
+def record_folder(meta: dict, method: str, path: Path) -> str:
+    """Where a finished run's record lies in a tier folder: runs/<table>/<setting>/<method>/<run>
+    (pflrepro.reporting.tier reads that layout, with the setting's tier.json beside its methods)."""
+    return f"runs/{meta['table']}/{slug(meta['setting'])}/{method}/{path.name}"
+
+
+def keep_records(finished: list, dest: Path, rep: Report) -> list[str]:
+    """The finished runs' records copied, verified, into `dest` in the tier layout (runs.tar.gz's, unpacked), so that
+    a machine that is wiped between sittings loses none of them (commit `dest`). A record already there is left as
+    it is when its manifest is the same; one whose manifest differs is refused, named, and left untouched. Returns
+    the folders written."""
+    import shutil
+    from pflrepro.federation.config import RunConfig
+    from pflrepro.pipeline.store import verify
+    written = []
+    for meta, method, path in finished:
+        target = dest / record_folder(meta, method, path)
+        index = target.parents[1] / "tier.json"
+        if target.exists():
+            if (target / "manifest.json").read_bytes() != (path / "manifest.json").read_bytes():
+                rep.say(f"  kept as it was: {target} (a different record of the same run is there)")
+            continue
+        index.parent.mkdir(parents=True, exist_ok=True)
+        if not index.exists():
+            index.write_text(json.dumps(meta, indent=1))
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.copytree(path, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns("checkpoint.pt"))
+        verify(tmp, RunConfig.from_dict(json.loads((tmp / "config.json").read_text())))
+        tmp.rename(target)
+        written.append(str(target))
+    rep.say(f"  records: {len(written)} copied into {dest}, {len(finished) - len(written)} there already")
+    return written
+
+
 def pack_runs(finished: list, out: Path, rep: Report) -> list[str]:
     """The finished evidence runs' store folders (verified records) into out/runs.tar.gz as
     runs/<table>/<setting>/<method>/<run>/, each setting's folder with its tier.json (pflrepro.reporting.tier reads
@@ -513,7 +557,7 @@ def pack_runs(finished: list, out: Path, rep: Report) -> list[str]:
         return left_out
     with tarfile.open(out / "runs.tar.gz", "w:gz") as tar:
         for meta, method, path in finished:
-            where = f"runs/{meta['table']}/{slug(meta['setting'])}"
+            where = record_folder(meta, method, path).rsplit("/", 2)[0]
             if (out / "runs.tar.gz").stat().st_size + sum(f.stat().st_size for f in path.iterdir()) > RUNS_TAR_MAX:
                 left_out.append(f"{where}/{method}/{path.name}")
                 continue
@@ -612,6 +656,11 @@ def main(argv=None) -> int:
     ap.add_argument("--store", type=Path, default=None, help="keep the evidence runs in this store (default: a temporary one); "
                     "a second call with the same --store resumes every run the first stopped at its budget, from its "
                     "last checkpoint, and reuses every finished one (the paper-scale tier on a CPU, over sessions)")
+    ap.add_argument("--records", type=Path, default=None, help="also copy every finished evidence run, verified, into "
+                    "this folder as runs/<table>/<setting>/<method>/<run>/ (runs.tar.gz's layout, unpacked; records "
+                    "already there are kept): the folder to commit when the machine does not keep --store")
+    ap.add_argument("--collect", action="store_true", help="train nothing: read the runs --store has finished (with "
+                    "--records, copy them); the chosen slices, methods and seeds as usual")
     ap.add_argument("--shares", default=None, help="correctness,benchmark shares of the budget (default 0.2,0.2; "
                     "tiny 0.45,0.2); the evidence gets the rest")
     a = ap.parse_args(argv)
@@ -629,6 +678,8 @@ def main(argv=None) -> int:
                  "integers; --shares: two numbers; --workloads: from " + ", ".join(BENCH_WORKLOADS))
     if a.budget_s < 30:
         ap.error("--budget-s: at least 30 seconds")
+    if a.collect and not (a.store and a.store.is_dir() and 3 in a.steps):
+        ap.error("--collect reads an existing --store DIR in step 3: give --store and --steps 3")
     from pflrepro.federation.build import resolve_device
     dev = resolve_device(a.device)
     clock, out = Clock(a.budget_s), a.out
@@ -676,8 +727,10 @@ def steps(a, device: str, clock: Clock, root: Path, rep: Report) -> None:
     parallel = a.parallel or (8 if device == "cuda" else 2)
     store = a.store.resolve() if a.store else root / "evidence"     # only the evidence resumes: 1 and 2 start fresh
     erows, curves, claims, skipped, finished = evidence(device, clock, a.tiny, parallel, store, rep,
-                                                        a.slices, a.methods, a.seeds) \
+                                                        a.slices, a.methods, a.seeds, a.collect) \
         if 3 in a.steps else ([], [], [], ["not asked for (--steps)"], [])
+    if a.records:
+        keep_records(finished, a.records, rep)
     skipped += [f"{r}: finished, not in runs.tar.gz (its size)" for r in pack_runs(finished, out, rep)]
     write_csv(out / "evidence.csv", erows)
     write_csv(out / "evidence_curves.csv", curves)

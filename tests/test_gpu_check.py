@@ -141,14 +141,15 @@ def test_store_keeps_the_evidence_runs_so_a_second_call_reuses_them(tmp_path):
     """`--store DIR` (the paper-scale tier on a CPU, over several sittings): the second call with the same store trains
     nothing again (each finished record is untouched and read back with the same numbers); without it, every call
     trains in a fresh temporary store. A stopped run resumes from its checkpoint through the store (test_store)."""
-    def call(out):
+    def call(out, *extra, store="store"):
         proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / out), "--device", "cpu", "--tiny",
-                               "--steps", "3", "--slices", "0", "--store", str(tmp_path / "store"), "--budget-s", "600"],
-                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False)
+                               "--steps", "3", "--slices", "0", "--store", str(tmp_path / store), "--budget-s", "600",
+                               *extra], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        return _rows(tmp_path / out / "evidence.csv")
+        found = tmp_path / out / "evidence.csv"
+        return _rows(found) if found.exists() else []
 
-    first = call("a")
+    first = call("a", "--records", str(tmp_path / "kept" / "cpu"))
     records = sorted((tmp_path / "store").glob("*/*/provenance.json"))
     assert len(records) == len(first) == 4 and all(r["finished"] == "True" for r in first)
     stamps = [p.read_text() for p in records]
@@ -156,3 +157,25 @@ def test_store_keeps_the_evidence_runs_so_a_second_call_reuses_them(tmp_path):
     assert [p.read_text() for p in sorted((tmp_path / "store").glob("*/*/provenance.json"))] == stamps
     keep = ("method", "seed", "best_pm_acc_mean", "final_pm_acc_mean", "run_cpu_seconds")
     assert [{k: r[k] for k in keep} for r in second] == [{k: r[k] for k in keep} for r in first]
+    # --records: the finished records, verified, in the tier's layout (what a wiped machine's session commits), read
+    # back by the report's tier with the same numbers
+    from pflrepro.reporting import tier
+    settings, refused = tier.read_tier(tmp_path / "kept")
+    assert not refused and len(settings) == 1 and len(settings[0].rows) == 4
+    assert sorted((r["method"], r["seed"], f"{r['best']:.6g}") for r in settings[0].rows) == sorted(
+        (r["method"], int(r["seed"]), f"{float(r['best_pm_acc_mean']):.6g}") for r in first)
+    # --collect trains nothing: it reads what the store finished; --records leaves a record already there as it is
+    kept = sorted(p for p in (tmp_path / "kept").rglob("*") if p.is_file())
+    before = [p.read_bytes() for p in kept]
+    third = call("c", "--collect", "--records", str(tmp_path / "kept" / "cpu"))
+    assert [{k: r[k] for k in keep} for r in third] == [{k: r[k] for k in keep} for r in first]
+    assert sorted(p for p in (tmp_path / "kept").rglob("*") if p.is_file()) == kept
+    assert [p.read_bytes() for p in kept] == before
+    assert [p.read_text() for p in sorted((tmp_path / "store").glob("*/*/provenance.json"))] == stamps
+    (tmp_path / "empty").mkdir()
+    assert call("d", "--collect", store="empty") == []       # an existing store with nothing finished: no rows
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "e"), "--collect", "--steps", "3",
+                           "--store", str(tmp_path / "nowhere")], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 2 and "--collect reads an existing --store DIR" in proc.stderr
+    assert not (tmp_path / "e").exists() and not (tmp_path / "nowhere").exists()
