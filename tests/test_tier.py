@@ -47,3 +47,22 @@ def test_records_are_verified_and_compared_paired_by_seed(tmp_path):
     assert claim["paper_effect"] == 96.57 - 90.15
     md = tier.tier_markdown(tmp_path / "docs")
     assert "pfedsd > fedavg" in md and "did not verify" in md and bad.name in md
+
+
+def test_the_committed_cpu_tier_records_verify():
+    """The paper-scale tier trained on these CPUs over several sessions (issue 54; DEVELOPERS.md: `gpu_check.py
+    --records docs/paper_tier/cpu`) is committed record by record, since the machines are wiped between sessions:
+    every record there verifies as the store would serve it, sits under its own method, and is pFedSD Table 2's
+    Fashion-MNIST row at the paper's settings (100 clients, 100 rounds)."""
+    from pflrepro.paths import REPO_ROOT
+    settings, refused = tier.read_tier(REPO_ROOT / "docs" / "paper_tier")
+    assert not refused, refused
+    rows = [r for st in settings for r in st.rows]
+    assert rows, "docs/paper_tier/ holds no records"
+    assert {(st.table, st.setting) for st in settings} == {("pfedsd_table2", "fmnist 100 clients")}
+    for st in settings:
+        for folder in sorted(p for p in (REPO_ROOT / "docs" / "paper_tier").glob(f"{st.lease}/runs/*/*/*/*")):
+            cfg = json.loads((folder / "config.json").read_text())
+            assert folder.name.startswith(cfg["algorithm"]) and folder.parent.name == cfg["algorithm"]
+            assert (cfg["n_clients"], cfg["rounds"], cfg["dataset"]) == (100, 100, "fmnist")
+    assert all(r["rounds_done"] == r["rounds"] == 100 for r in rows)
